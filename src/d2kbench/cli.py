@@ -1,0 +1,195 @@
+"""``d2k``: the command line. Thin: parses, calls the library, prints tables."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="D2K-Bench: evaluate Triton kernels written from expert designs.")
+console = Console()
+
+
+def _task(task_id: str):
+    from d2kbench.tasks import TaskFileError, load_task
+
+    try:
+        return load_task(task_id)
+    except TaskFileError as e:
+        console.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def tasks() -> None:
+    """List the tasks of the suite."""
+    from d2kbench.tasks import TaskFileError, list_tasks, load_task
+
+    table = Table("task", "category", "workloads", "smoke", "timing", "title")
+    for tid in list_tasks():
+        try:
+            t = load_task(tid)
+        except TaskFileError as e:
+            table.add_row(tid, "[red]invalid[/red]", "-", "-", "-", str(e).splitlines()[0][:60])
+            continue
+        s = t.spec
+        timed = sum(not w.correctness_only for w in s.workloads)
+        table.add_row(tid, s.category, f"{timed} (+{len(s.workloads) - timed} adv.)", str(len(s.smoke_workloads)),
+                      s.timing.mode, s.title)
+    console.print(table)
+
+
+@app.command()
+def show(task: str) -> None:
+    """Show a task: specification, workloads with SOL figures, files."""
+    from d2kbench.scoring.sol import DATASHEET, MEASURED, sol_ms
+
+    t = _task(task)
+    s = t.spec
+    console.print(f"[bold]{s.id}[/bold]: {s.title}  ({s.category}, timing: {s.timing.mode})")
+    console.print("origin: " + "; ".join(s.origin))
+    console.print(s.description.rstrip())
+    args = Table("argument", "kind", "shape", "dtype", "layout", "mutable", title="run(...) arguments")
+    for a in s.args:
+        if a.kind == "tensor":
+            args.add_row(a.name, "tensor", str(a.shape), a.dtype, a.layout, "yes" if a.mutable else "")
+        else:
+            args.add_row(a.name, a.kind, "", "", "", "")
+    console.print(args)
+    outs = Table("output", "shape", "dtype", "checks", title="outputs")
+    for o in s.outputs:
+        desc = "; ".join(f"{c.metric} vs {c.against} <= {c.max if c.max is not None else (c.atol, c.rtol)}" for c in o.checks)
+        outs.add_row(o.name, str(o.shape), o.dtype, desc)
+    console.print(outs)
+    ceil, sheet = MEASURED["H200"], DATASHEET["H200"]
+    wl = Table("workload", "axes", "kind", "SOL ref ms", f"SOL {s.sol.floor} ms", "bound", "datasheet ms", "source",
+               title="workloads (SOL on H200, measured ceilings)")
+    for w in s.all_workloads():
+        ref_ms, _ = sol_ms(s.sol.reference, w.axes, ceil)
+        floor_ms, bind = sol_ms(s.sol.counts(s.sol.floor), w.axes, ceil)
+        sheet_ms, _ = sol_ms(s.sol.counts(s.sol.floor), w.axes, sheet)
+        kind = "smoke" if w in s.smoke_workloads else ("correctness" if w.correctness_only else "timed")
+        axes = ", ".join(f"{k}={v}" for k, v in {**w.axes, **w.params}.items())
+        wl.add_row(w.id, axes, kind, f"{ref_ms:.4f}", f"{floor_ms:.4f}", bind, f"{sheet_ms:.4f}", w.source[:40])
+    console.print(wl)
+    files = sorted(str(p.relative_to(t.root)) for p in t.root.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    console.print("files: " + ", ".join(files))
+
+
+@app.command()
+def validate(task: list[str] = typer.Argument(None, help="task ids (default: all)"),
+             no_smoke: bool = typer.Option(False, "--no-smoke", help="skip running the smoke workloads")) -> None:
+    """Check every task folder against the task contract."""
+    from d2kbench.tasks.loader import list_tasks
+    from d2kbench.tasks.validate import validate_task
+
+    ids = task or list_tasks()
+    bad = 0
+    for tid in ids:
+        problems = validate_task(tid, run_smoke=not no_smoke)
+        if problems:
+            bad += 1
+            console.print(f"[red]FAIL[/red] {tid}")
+            for p in problems:
+                console.print(f"  {p}", markup=False, highlight=False)
+        else:
+            console.print(f"[green]ok[/green]   {tid}")
+    if bad:
+        raise typer.Exit(1)
+
+
+@app.command("eval")
+def eval_cmd(
+    task: str,
+    solution: str = typer.Argument(..., help="a solution of the task (straightforward, expert, reference) or a path"),
+    workload: Optional[list[str]] = typer.Option(None, "--workload", "-w", help="workload id (repeatable)"),
+    device: str = typer.Option("auto", help="auto, cuda or cpu (cpu: smoke workloads, Triton interpreter)"),
+    baseline: str = typer.Option("reference", help="reference, straightforward, expert, a path, or none"),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="write the evaluation(s) as JSON"),
+    markdown: Optional[Path] = typer.Option(None, "--markdown", help="write a markdown table"),
+    store_path: Path = typer.Option(None, "--store", help="SQLite results store (default ./d2k.sqlite or $D2K_STORE)"),
+    repeat: int = typer.Option(1, min=1, max=5, help="evaluate N times (harness repeatability)"),
+    timeout: Optional[float] = typer.Option(None, help="seconds per worker request (default: the task's)"),
+) -> None:
+    """Check and time SOLUTION on TASK's workloads against a baseline."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from d2kbench.harness.evaluate import Options, default_workloads, evaluate, resolve_device
+    from d2kbench.report.evaluation import COLUMNS, rows, summary, to_markdown
+    from d2kbench.store import DEFAULT_PATH, Store
+
+    t = _task(task)
+    try:
+        dev = resolve_device(device)
+        wls = [t.spec.workload(w) for w in workload] if workload else default_workloads(t, dev)
+        t.resolve_solution(solution)
+        if baseline != "none":
+            t.resolve_solution(baseline)
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        console.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
+    store = Store(store_path or DEFAULT_PATH)
+    evs = []
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                  transient=True) as prog:
+        for i in range(repeat):
+            bar = prog.add_task(f"evaluating {solution} on {t.id} ({dev})")
+            evs.append(evaluate(t, solution, wls, dev, None if baseline == "none" else baseline, store=store,
+                                options=Options(timeout_s=timeout),
+                                progress=lambda m, b=bar, i=i: prog.update(b, description=f"[{i + 1}/{repeat}] {m}")))
+            prog.remove_task(bar)
+    for ev in evs:
+        table = Table(*COLUMNS, title=f"{t.id}: {solution} vs {baseline} on {dev}  (eval {ev.id})")
+        for r in rows(ev):
+            style = "green" if r["status"] == "ok" else "red"
+            table.add_row(*[f"[{style}]{r[c]}[/{style}]" if c == "status" else r[c] for c in COLUMNS])
+        console.print(table)
+        for r in ev.candidate.results:
+            for v in r.violations:
+                console.print(f"  [red]integrity[/red] {r.workload}: rule {v.rule}: {v.evidence}")
+        console.print(summary(ev))
+        console.print(f"harness: wall {ev.wall_s:.1f} s, timed {ev.timed_s:.1f} s, overhead {ev.overhead_s:.1f} s; "
+                      f"stored in {store.path}")
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps([ev.model_dump(mode="json") for ev in evs], indent=1))
+    if markdown:
+        markdown.parent.mkdir(parents=True, exist_ok=True)
+        markdown.write_text(to_markdown(evs, f"{t.id}: `{solution}` vs `{baseline}`"))
+    store.close()
+    if not all(ev.candidate.eligible for ev in evs):
+        raise typer.Exit(1)
+
+
+@app.command()
+def results(
+    task: Optional[str] = typer.Option(None, help="only this task"),
+    solution: Optional[str] = typer.Option(None, help="a solution name or sha256 prefix"),
+    limit: int = typer.Option(30, help="newest N rows"),
+    store_path: Path = typer.Option(None, "--store", help="SQLite results store"),
+) -> None:
+    """List recorded evaluation results, newest first."""
+    from d2kbench.store import DEFAULT_PATH, Store
+
+    path = store_path or DEFAULT_PATH
+    if not Path(path).exists():
+        console.print(f"no results store at {path}")
+        raise typer.Exit(1)
+    store = Store(path)
+    table = Table("id", "recorded", "task", "solution", "sha256", "role", "workload", "device", "status",
+                  "mean ms", "cause")
+    for r in store.rows(task, solution, limit):
+        table.add_row(str(r["id"]), r["recorded_at"], r["task"], r["solution"][-28:], r["solution_sha256"][:10], r["role"],
+                      r["workload"], r["device"], r["status"], f"{r['mean_ms']:.4f}" if r["mean_ms"] else "-",
+                      r["cause"][:50])
+    console.print(table)
+    store.close()
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,1 @@
+"""Evaluation harness: inputs, isolated worker, checks, timing, ``evaluate()``."""

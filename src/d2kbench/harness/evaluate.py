@@ -1,0 +1,285 @@
+"""``evaluate()``: one solution (and a baseline) on a task's workloads, checked and timed.
+
+Data flow per workload: the parent draws secret seeds and generates inputs, computes the
+expected values itself (reference / FP64 oracle), sends the inputs to the solution's worker,
+checks what comes back, asks the worker to time, and re-checks once more after timing.
+Candidate and baseline alternate per workload (interleaved), each in its own worker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from d2kbench.harness import checks
+from d2kbench.harness.env import fingerprint, nvidia_smi
+from d2kbench.harness.inputs import clone_args, make_args, secret_seed
+from d2kbench.harness.process import WorkerFailure, WorkerHandle
+from d2kbench.harness.results import (
+    CheckResult, Evaluation, SolutionRun, Status, Violation, WorkloadResult,
+)
+from d2kbench.scoring.workloads import score_workloads
+from d2kbench.tasks.loader import Task
+from d2kbench.tasks.schema import TensorArg, Workload
+
+#: Correctness calls before timing (each with fresh inputs at fresh addresses); one more follows timing.
+N_CHECK_CALLS = 3
+
+
+@dataclass
+class Options:
+    """Knobs of one evaluation (defaults follow DESIGN.md)."""
+
+    check_calls: int = N_CHECK_CALLS
+    timeout_s: float | None = None        # per request; default: the task's timeout_s
+    time_solutions: bool = True
+    cpu_samples: int = 3
+    timing_params: dict = field(default_factory=dict)  # passed to the GPU timer
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``.
+
+    Raises:
+        ValueError: unknown device, or ``cuda`` without a GPU.
+    """
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"unknown device {device!r} (auto, cuda or cpu)")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda but no GPU is visible")
+    return device
+
+
+def default_workloads(task: Task, device: str) -> list[Workload]:
+    """Registered workloads on the GPU, smoke workloads on the CPU."""
+    return list(task.spec.workloads if device == "cuda" else task.spec.smoke_workloads)
+
+
+def file_sha256(path: Path) -> str:
+    """Content hash of a solution file (the identity of a solution in the store)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _as_list(result) -> list:
+    return list(result) if isinstance(result, (tuple, list)) else [result]
+
+
+class _Checker:
+    """Computes expected values for one call and checks a worker's answer against them."""
+
+    def __init__(self, task: Task, reference, workload: Workload, device: str):
+        self.spec = task.spec
+        self.ref = reference
+        self.wl = workload
+        self.device = device
+
+    def expected(self, args: list) -> tuple[list, list]:
+        """(reference outputs, argument states after the reference ran), on a private copy."""
+        ref_args = clone_args(args)
+        with torch.no_grad():
+            return _as_list(self.ref.run(*ref_args)), ref_args
+
+    def oracle(self, args: list, sample: tuple[str, torch.Tensor] | None) -> list:
+        fn = getattr(self.ref, "oracle", None)
+        if fn is None:
+            raise ValueError(f"task {self.spec.id!r} asks for an oracle but reference.py defines none")
+        if sample is not None:
+            args = [self._take(a, spec, *sample) for a, spec in zip(args, self.spec.args)]
+        with torch.no_grad():
+            return _as_list(fn(*clone_args(args)))
+
+    @staticmethod
+    def _take(value, spec, axis: str, idx: torch.Tensor):
+        if isinstance(spec, TensorArg) and axis in spec.shape:
+            return value.index_select(spec.shape.index(axis), idx.to(value.device))
+        return value
+
+    def check(self, call: int, args: list, pristine: list, reply: dict) -> tuple[list[CheckResult], list[Violation]]:
+        spec, results, violations = self.spec, [], []
+        outs = [o.clone() if o is not None else None for o in reply["outputs"]]
+        for evidence in reply.get("aliases", []):
+            violations.append(Violation(rule="no_aliasing", evidence=evidence))
+        for k, (sub, tname) in enumerate(zip(reply["subclass"], reply["types"])):
+            if sub:
+                violations.append(Violation(rule="exact_tensor_type", evidence=f"output {k} is a {tname}, not torch.Tensor"))
+        if len(outs) != len(spec.outputs):
+            results.append(CheckResult(call=call, name="outputs:count", passed=False,
+                                       detail=f"returned {len(outs)} outputs ({reply.get('container')}), expected {len(spec.outputs)}"))
+            return results, violations
+        ref_outs, ref_state = self.expected(pristine)
+        samples: dict = {}
+        for k, (ospec, out) in enumerate(zip(spec.outputs, outs)):
+            if out is None:
+                results.append(CheckResult(call=call, name=f"{ospec.name}:structure", passed=False,
+                                           detail=f"{ospec.name} is {reply['types'][k]}, expected torch.Tensor"))
+                continue
+            st = checks.structure(call, ospec, out, self.wl)
+            results.append(st)
+            if not st.passed:
+                continue
+            results.append(checks.finite(call, ospec.name, out))
+            for tol in self.wl.checks_for(ospec.name, ospec.checks):
+                results.append(self._apply(call, ospec.name, ospec.shape, tol, out, ref_outs[k], k, pristine, args, outs, samples))
+        for i, (aspec, now) in enumerate(zip(spec.args, args)):
+            if not isinstance(aspec, TensorArg):
+                continue
+            if aspec.mutable:
+                for tol in self.wl.checks_for(aspec.name, spec.state_checks[aspec.name]):
+                    results.append(self._apply(call, f"state:{aspec.name}", aspec.shape, tol, now, ref_state[i], None, pristine, args, outs, samples))
+            else:
+                results.append(checks.untouched(call, aspec.name, now, pristine[i]))
+        return results, violations
+
+    def _apply(self, call, name, shape, tol, out, ref_value, out_index, pristine, args, outs, samples) -> CheckResult:
+        dim_of = shape.index
+        if tol.against == "reference":
+            exp = ref_value
+        else:
+            key = (tol.sample.axis, tol.sample.count) if tol.sample else None
+            if key not in samples:
+                sample = None
+                if tol.sample:
+                    size = self.wl.axes[tol.sample.axis]
+                    gen = torch.Generator().manual_seed(secret_seed())
+                    sample = (tol.sample.axis, torch.randperm(size, generator=gen)[: tol.sample.count].sort().values)
+                samples[key] = (sample, self.oracle(pristine, sample))
+            sample, oracle_outs = samples[key]
+            if out_index is None:
+                raise ValueError("oracle checks apply to outputs only")
+            exp = oracle_outs[out_index]
+            if sample is not None:
+                out = out.index_select(dim_of(sample[0]), sample[1].to(out.device))
+        custom = None
+        if tol.metric == "custom":
+            fn = getattr(self.ref, "check", None)
+            custom = (lambda: fn(pristine, outs)) if fn else None
+        return checks.compare(call, name, tol, out, exp, dim_of, custom)
+
+
+def _status_of(checks_: list[CheckResult], violations: list[Violation]) -> tuple[Status, str]:
+    if violations:
+        return Status.INTEGRITY_VIOLATION, f"{violations[0].rule}: {violations[0].evidence}"
+    failed = [c for c in checks_ if not c.passed]
+    if failed:
+        c = failed[0]
+        err = f" error {c.error:.3e} > {c.threshold:.3e}" if c.error is not None and c.threshold is not None else ""
+        return Status.INCORRECT, f"call {c.call}: {c.name}{err} {c.detail}".strip()
+    return Status.OK, ""
+
+
+def run_workload(handle: WorkerHandle, task: Task, reference, workload: Workload, device: str,
+                 opts: Options) -> WorkloadResult:
+    """Check (``opts.check_calls`` calls), time, and re-check one solution on one workload.
+
+    Never raises for solution failures: they come back as the result's status and cause.
+    """
+    t0 = time.perf_counter()
+    checker = _Checker(task, reference, workload, device)
+    all_checks: list[CheckResult] = []
+    violations: list[Violation] = []
+    timing = None
+
+    def one_call(call: int) -> None:
+        args = make_args(reference, task.spec, workload, secret_seed(), device)
+        pristine = clone_args(args)
+        reply = handle.request({"op": "call", "args": args})
+        c, v = checker.check(call, args, pristine, reply)
+        all_checks.extend(c)
+        violations.extend(v)
+
+    def done(status: Status, cause: str) -> WorkloadResult:
+        return WorkloadResult(workload=workload.id, status=status, cause=cause, checks=all_checks,
+                              violations=violations, timing=timing, correctness_only=workload.correctness_only,
+                              wall_s=time.perf_counter() - t0)
+
+    try:
+        for call in range(opts.check_calls):
+            one_call(call)
+            status, cause = _status_of(all_checks, violations)
+            if status is not Status.OK:
+                return done(status, cause)
+        if opts.time_solutions and not workload.correctness_only:
+            mode = "cpu" if device == "cpu" else task.spec.timing.mode
+            seeds = [secret_seed() for _ in range(256 if mode == "graph" else 2)]
+            reply = handle.request({"op": "time", "workload": workload.id, "seeds": seeds, "mode": mode,
+                                    "cpu_samples": opts.cpu_samples, "params": opts.timing_params})
+            from d2kbench.harness.results import TimingStats
+
+            timing = TimingStats.model_validate(reply["stats"])
+            one_call(opts.check_calls)  # re-check after the timing loop
+    except WorkerFailure as f:
+        return done(Status(f.status) if f.status in Status._value2member_map_ else Status.RUNTIME_ERROR, f.cause)
+    return done(*_status_of(all_checks, violations))
+
+
+def _new_handle(task: Task, path: Path, device: str, opts: Options, trusted: bool) -> WorkerHandle:
+    return WorkerHandle(task.root, path, device, opts.timeout_s or task.spec.timeout_s, {"trusted": trusted})
+
+
+def evaluate(task: Task, solution: str | Path, workloads: list[Workload] | None = None, device: str = "auto",
+             baseline: str | Path | None = "reference", *, store=None, options: Options | None = None,
+             progress: Callable[[str], None] | None = None) -> Evaluation:
+    """Evaluate ``solution`` (a name of the task's solutions or a path) on ``workloads``.
+
+    Args:
+        task: a loaded task.
+        solution: ``straightforward``, ``expert``, ``reference`` or a path to a ``.py`` file.
+        workloads: default: registered workloads on cuda, smoke workloads on cpu.
+        device: ``auto``, ``cuda`` or ``cpu`` (cpu runs Triton under the interpreter).
+        baseline: a solution name or path to time against (interleaved per workload), or None.
+        store: a :class:`d2kbench.store.Store`; every workload result is recorded as it finishes.
+        options: :class:`Options`.
+        progress: called with a short message before each step.
+
+    Returns:
+        An :class:`Evaluation` with per-workload results, speedups and the geomean.
+
+    Raises:
+        FileNotFoundError: unknown solution; ValueError: bad device. Solution failures never raise.
+    """
+    opts = options or Options()
+    device = resolve_device(device)
+    workloads = workloads if workloads is not None else default_workloads(task, device)
+    say = progress or (lambda _msg: None)
+    t_start = time.perf_counter()
+    reference = task.reference_module()
+    env = fingerprint(device)
+    roles = [("candidate", task.resolve_solution(solution), str(solution))]
+    if baseline is not None:
+        roles.append(("baseline", task.resolve_solution(baseline), str(baseline)))
+    runs = {role: SolutionRun(solution=name, path=str(path), sha256=file_sha256(path), role=role) for role, path, name in roles}
+    ev_id = uuid.uuid4().hex[:12]
+    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    handles = {role: _new_handle(task, path, device, opts, trusted=(path == task.root / "reference.py"))
+               for role, path, _ in roles}
+    try:
+        for n, wl in enumerate(workloads):
+            order = list(handles) if n % 2 == 0 else list(reversed(handles))
+            for role in order:
+                say(f"{wl.id}: {role} {runs[role].solution}")
+                result = run_workload(handles[role], task, reference, wl, device, opts)
+                if result.status.failed:
+                    handles[role].kill()  # a fresh worker for the next workload
+                runs[role].results.append(result)
+                if store is not None:
+                    store.record(ev_id, task.id, runs[role], result, device, env, created)
+    finally:
+        for h in handles.values():
+            h.close()
+    if device == "cuda":
+        env["smi_after"] = nvidia_smi()
+    timed = [r.timing.mean_ms * r.timing.n * r.timing.calls_per_sample / 1e3
+             for run in runs.values() for r in run.results if r.timing]
+    scores, geo = score_workloads(task, workloads, runs["candidate"], runs.get("baseline"), env)
+    return Evaluation(id=ev_id, task=task.id, device=device, created_at=created, candidate=runs["candidate"],
+                      baseline=runs.get("baseline"), scores=scores, geomean_speedup=geo, env=env,
+                      wall_s=time.perf_counter() - t_start, timed_s=sum(timed))

@@ -1,0 +1,82 @@
+"""Inputs of one call: secret seeds, generation through the task's ``make_inputs``, and
+structural checks of generated arguments against ``task.yaml``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import torch
+
+from d2kbench.tasks.schema import ScalarArg, TaskSpec, TensorArg, Workload
+
+
+def secret_seed() -> int:
+    """A fresh seed from the OS's CSPRNG (63 bits): a solution cannot predict its inputs."""
+    return secrets.randbits(63)
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """``"bfloat16"`` -> ``torch.bfloat16`` (names as in :data:`d2kbench.tasks.schema.DTYPES`)."""
+    dt = getattr(torch, name, None)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return dt
+
+
+def make_args(reference: Any, spec: TaskSpec, workload: Workload, seed: int, device: str) -> list:
+    """Generate the ordered argument list of ``run`` for one call.
+
+    Raises:
+        ValueError: ``make_inputs`` returned something that does not match the task's arguments.
+    """
+    values = reference.make_inputs(workload.values(), seed, device)
+    if not isinstance(values, dict):
+        raise ValueError(f"make_inputs must return a dict, got {type(values).__name__}")
+    missing = [a.name for a in spec.args if a.name not in values]
+    extra = sorted(set(values) - {a.name for a in spec.args})
+    if missing or extra:
+        raise ValueError(f"make_inputs returned wrong names: missing {missing}, unexpected {extra}")
+    args = [values[a.name] for a in spec.args]
+    problems = check_args(spec, workload, args)
+    if problems:
+        raise ValueError("make_inputs does not match task.yaml: " + "; ".join(problems))
+    return args
+
+
+def check_args(spec: TaskSpec, workload: Workload, args: list) -> list[str]:
+    """Structural problems of ``args`` against the declared arguments (empty if none)."""
+    problems = []
+    for a, v in zip(spec.args, args):
+        if isinstance(a, TensorArg):
+            if not isinstance(v, torch.Tensor):
+                problems.append(f"{a.name} is {type(v).__name__}, not a tensor")
+                continue
+            want = [workload.axes[d] if isinstance(d, str) else d for d in a.shape]
+            if list(v.shape) != want:
+                problems.append(f"{a.name} has shape {list(v.shape)}, expected {want}")
+            if v.dtype != torch_dtype(a.dtype):
+                problems.append(f"{a.name} has dtype {v.dtype}, expected {a.dtype}")
+            if a.layout == "contiguous" and not v.is_contiguous():
+                problems.append(f"{a.name} is not contiguous")
+        elif isinstance(a, ScalarArg):
+            py = {"int": int, "float": float, "bool": bool}[a.kind]
+            if not isinstance(v, py) or (a.kind == "int" and isinstance(v, bool)):
+                problems.append(f"{a.name} is {type(v).__name__}, expected {a.kind}")
+    return problems
+
+
+def clone_args(args: list) -> list:
+    """Deep copy of an argument list (tensors cloned with their strides, scalars kept)."""
+    return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def output_shape(shape: list, workload: Workload) -> list[int]:
+    """Concrete shape of a declared output on ``workload``."""
+    return [workload.axes[d] if isinstance(d, str) else d for d in shape]
+
+
+def args_nbytes(args: list) -> int:
+    """Bytes held by the tensors of an argument list."""
+    return sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))

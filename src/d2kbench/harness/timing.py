@@ -1,0 +1,171 @@
+"""Latency measurement (DESIGN.md section 4) and the statistics of the samples.
+
+Three timers, all called with ``call(i)`` that runs the solution on input set ``i``:
+
+* :func:`time_events` - CUDA events around each call with an L2 flush before it. For calls
+  long enough (>~100 us) that launch overhead does not dominate.
+* :func:`time_graph` - many calls on rotating input sets captured in one CUDA graph; each
+  replay is timed with events and divided by the calls it holds. For short calls.
+* :func:`time_cpu` - host ``perf_counter`` per call (CPU runs: exercises the logic, the
+  numbers are not GPU latencies).
+
+Warm-up (compilation, autotuning) always runs before and is excluded.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable
+
+import numpy as np
+
+from d2kbench.harness.results import TimingStats
+
+#: Default minimum/maximum number of timed samples and the target time spent sampling.
+MIN_SAMPLES = 10
+MAX_SAMPLES = 200
+TARGET_MS = 1500.0
+
+
+def summarize(samples_ms: list[float], mode: str, **extra) -> TimingStats:
+    """Statistics of per-call samples (ms): mean (the paper's statistic), median, p10/p90,
+    std and a 95% percentile-bootstrap confidence interval of the mean (2000 resamples,
+    fixed seed so that the same samples give the same interval).
+
+    Raises:
+        ValueError: no samples, or a sample that is not a finite positive number.
+    """
+    x = np.asarray(samples_ms, dtype=np.float64)
+    if x.size == 0:
+        raise ValueError("no timing samples")
+    if not np.all(np.isfinite(x)) or np.any(x < 0):
+        raise ValueError(f"invalid timing samples: {x[~np.isfinite(x) | (x < 0)][:4].tolist()}")
+    rng = np.random.default_rng(0)
+    if x.size > 1:
+        boot = x[rng.integers(0, x.size, size=(2000, x.size))].mean(axis=1)
+        lo, hi = np.percentile(boot, [2.5, 97.5])
+    else:
+        lo = hi = x[0]
+    return TimingStats(
+        mode=mode,
+        samples_ms=x.tolist(),
+        n=int(x.size),
+        mean_ms=float(x.mean()),
+        median_ms=float(np.median(x)),
+        std_ms=float(x.std(ddof=1)) if x.size > 1 else 0.0,
+        p10_ms=float(np.percentile(x, 10)),
+        p90_ms=float(np.percentile(x, 90)),
+        min_ms=float(x.min()),
+        max_ms=float(x.max()),
+        ci95_low_ms=float(lo),
+        ci95_high_ms=float(hi),
+        **extra,
+    )
+
+
+def sample_count(est_ms: float, min_samples: int = MIN_SAMPLES, max_samples: int = MAX_SAMPLES,
+                 target_ms: float = TARGET_MS) -> int:
+    """How many samples to take for calls of about ``est_ms`` each (clamped to the bounds)."""
+    if est_ms <= 0 or not math.isfinite(est_ms):
+        return max_samples
+    return int(min(max_samples, max(min_samples, math.ceil(target_ms / est_ms))))
+
+
+def time_cpu(call: Callable[[int], object], n_sets: int, samples: int, warmup: int = 1) -> TimingStats:
+    """Host-timed calls (ms), cycling through ``n_sets`` input sets."""
+    for i in range(warmup):
+        call(i % n_sets)
+    out = []
+    for i in range(samples):
+        t0 = time.perf_counter()
+        call(i % n_sets)
+        out.append((time.perf_counter() - t0) * 1e3)
+    return summarize(out, "cpu", input_sets=n_sets, warmup_calls=warmup)
+
+
+def _warmup_cuda(call: Callable[[int], object], n_sets: int, warmup_ms: float, min_calls: int = 2) -> tuple[int, float]:
+    """Run calls until ``warmup_ms`` have passed (at least ``min_calls``); return (calls, est ms/call)."""
+    import torch
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    n = 0
+    while n < min_calls or (time.perf_counter() - t0) * 1e3 < warmup_ms:
+        call(n % n_sets)
+        n += 1
+        torch.cuda.synchronize()
+        if n >= 1000:
+            break
+    # estimate from one more synchronized call, compilation now done
+    t1 = time.perf_counter()
+    call(n % n_sets)
+    torch.cuda.synchronize()
+    return n + 1, (time.perf_counter() - t1) * 1e3
+
+
+def time_events(call: Callable[[int], object], n_sets: int, flush: Callable[[], None],
+                warmup_ms: float = 200.0, min_samples: int = MIN_SAMPLES,
+                max_samples: int = MAX_SAMPLES, target_ms: float = TARGET_MS) -> TimingStats:
+    """CUDA-event timing of single calls with an L2 flush (``flush()``) before each.
+
+    The flush and the input rotation sit outside the events; only ``call`` is timed.
+    """
+    import torch
+
+    warm, est = _warmup_cuda(call, n_sets, warmup_ms)
+    n = sample_count(est, min_samples, max_samples, target_ms)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for i in range(n):
+        flush()
+        starts[i].record()
+        call(i % n_sets)
+        ends[i].record()
+    torch.cuda.synchronize()
+    samples = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    return summarize(samples, "events", input_sets=n_sets, warmup_calls=warm, l2_flush=True)
+
+
+def time_graph(call: Callable[[int], object], n_sets: int, warmup_ms: float = 200.0,
+               min_samples: int = MIN_SAMPLES, max_samples: int = 100,
+               target_ms: float = TARGET_MS, before_replay: Callable[[], None] | None = None) -> TimingStats:
+    """CUDA-graph timing: one graph holds one call on each of ``n_sets`` input sets (rotating
+    sets, together several times the L2, so replays do not hit a warm cache); each replay is
+    timed with events and divided by ``n_sets``.
+
+    ``before_replay`` (untimed) may rewrite inputs or poison outputs between replays.
+    """
+    import torch
+
+    warm, _ = _warmup_cuda(lambda i: call(i), n_sets, warmup_ms)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # a few eager calls on the capture stream, as PyTorch advises
+        for i in range(min(n_sets, 3)):
+            call(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    keep = []
+    with torch.cuda.graph(graph):
+        for i in range(n_sets):
+            keep.append(call(i))
+    graph.replay()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    graph.replay()
+    torch.cuda.synchronize()
+    est = (time.perf_counter() - t0) * 1e3
+    n = sample_count(est, min_samples, max_samples, target_ms)
+    samples = []
+    for _ in range(n):
+        if before_replay is not None:
+            before_replay()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        graph.replay()
+        e.record()
+        e.synchronize()
+        samples.append(s.elapsed_time(e) / n_sets)
+    del keep, graph
+    return summarize(samples, "graph", calls_per_sample=n_sets, input_sets=n_sets, warmup_calls=warm)

@@ -1,0 +1,218 @@
+"""The worker process: the only place where a solution's code runs.
+
+The trusted parent (:mod:`d2kbench.harness.evaluate`) spawns one worker per solution and
+talks to it over a pipe. Tensors cross through torch.multiprocessing (CUDA IPC on the GPU,
+shared memory on the CPU). The worker never sees expected outputs or the seeds of the
+correctness calls' checks; it only runs calls and timing loops and reports what it saw.
+
+Messages (dicts with an ``op``) from the parent: ``call`` (args), ``time`` (workload, seeds,
+mode), ``exit``. Answers carry a ``kind``: ``ready``, ``outputs``, ``timing``, ``error``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+#: Exception class names that mean the solution did not compile.
+_COMPILE_ERRORS = {"CompilationError", "CompileTimeAssertionFailure", "UnsupportedLanguageConstruct", "SyntaxError", "IndentationError"}
+
+
+def classify(exc: BaseException) -> str:
+    """Map an exception raised by solution code to a status value."""
+    names = {c.__name__ for c in type(exc).__mro__}
+    if "OutOfMemoryError" in names or isinstance(exc, MemoryError):
+        return "oom"
+    if names & _COMPILE_ERRORS:
+        return "compile_error"
+    msg = str(exc)
+    if "out of memory" in msg.lower() and "CUDA" in msg:
+        return "oom"
+    return "runtime_error"
+
+
+def describe(exc: BaseException, solution_path: str | None = None, limit: int = 1200) -> str:
+    """``Type: message`` plus the innermost frame in the solution file, if any."""
+    text = f"{type(exc).__name__}: {exc}".strip()
+    frames = traceback.extract_tb(exc.__traceback__)
+    if solution_path:
+        own = [f for f in frames if os.path.abspath(f.filename) == os.path.abspath(solution_path)]
+        if own:
+            f = own[-1]
+            text += f" (at {Path(f.filename).name}:{f.lineno}: {f.line})"
+    return text[:limit]
+
+
+def _storage_range(t) -> tuple[int, int]:
+    st = t.untyped_storage()
+    return st.data_ptr(), st.data_ptr() + st.nbytes()
+
+
+def find_aliases(outputs: list, args: list) -> list[str]:
+    """Evidence strings for outputs whose storage overlaps an input's storage."""
+    import torch
+
+    found = []
+    spans = [(i, _storage_range(a)) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    for k, o in enumerate(outputs):
+        if not isinstance(o, torch.Tensor) or o.untyped_storage().nbytes() == 0:
+            continue
+        lo, hi = _storage_range(o)
+        for i, (alo, ahi) in spans:
+            if lo < ahi and alo < hi:
+                found.append(f"output {k} shares storage with argument {i} ([{lo:#x}, {hi:#x}) vs [{alo:#x}, {ahi:#x}))")
+    return found
+
+
+class Worker:
+    """State of one worker process (solution module, task, device)."""
+
+    def __init__(self, conn, task_root: str, solution_path: str, device: str, options: dict):
+        self.conn = conn
+        self.task_root = task_root
+        self.solution_path = solution_path
+        self.device = device
+        self.options = options
+        self.pending: list = []  # outputs sent to the parent, kept alive until its next message
+
+    def send(self, msg: dict) -> None:
+        self.conn.send(msg)
+
+    def error(self, status: str, cause: str) -> None:
+        self.send({"kind": "error", "status": status, "cause": cause})
+
+    def load(self) -> bool:
+        import torch
+
+        from d2kbench.tasks.loader import import_file, load_task
+
+        self.torch = torch
+        if self.device == "cuda":
+            torch.cuda.set_device(0)
+        self.task = load_task(self.task_root)
+        self.reference = import_file(Path(self.task_root) / "reference.py", "d2k_task_reference")
+        try:
+            module = import_file(Path(self.solution_path), "d2k_solution")
+        except BaseException as e:  # noqa: BLE001 - any failure of untrusted code is reported
+            status = "compile_error" if classify(e) in ("compile_error", "runtime_error") else classify(e)
+            self.error(status, "import failed: " + describe(e, self.solution_path))
+            return False
+        run = getattr(module, "run", None)
+        if not callable(run):
+            self.error("compile_error", f"{Path(self.solution_path).name} defines no callable run()")
+            return False
+        self.run = run
+        self.send({"kind": "ready", "pid": os.getpid()})
+        return True
+
+    def sync(self) -> None:
+        if self.device == "cuda":
+            self.torch.cuda.synchronize()
+
+    def do_call(self, args: list) -> None:
+        torch = self.torch
+        torch.use_deterministic_algorithms(True, warn_only=True)  # torch.empty -> NaN / max int
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                t0 = time.perf_counter()
+                result = self.run(*args)
+                self.sync()
+                wall = time.perf_counter() - t0
+        except BaseException as e:  # noqa: BLE001
+            self.error(classify(e), describe(e, self.solution_path))
+            return
+        finally:
+            torch.use_deterministic_algorithms(False)
+        outs = list(result) if isinstance(result, (tuple, list)) else [result]
+        types = [f"{type(o).__module__}.{type(o).__qualname__}" for o in outs]
+        exact = [type(o) is torch.Tensor for o in outs]
+        subclass = [issubclass(type(o), torch.Tensor) and not ok for o, ok in zip(outs, exact)]
+        aliases = find_aliases([o for o, ok in zip(outs, exact) if ok], args)
+        # Clone into worker-owned memory: the parent receives storage no input shares.
+        sent = [o.detach().clone() if ok else None for o, ok in zip(outs, exact)]
+        self.pending = sent
+        self.send({
+            "kind": "outputs", "outputs": sent, "types": types, "exact_tensor": exact, "subclass": subclass,
+            "container": type(result).__name__, "aliases": aliases, "wall_s": wall,
+        })
+
+    def do_time(self, msg: dict) -> None:
+        from d2kbench.harness import timing
+        from d2kbench.harness.inputs import args_nbytes, make_args
+
+        torch = self.torch
+        spec = self.task.spec
+        workload = spec.workload(msg["workload"])
+        seeds = msg["seeds"]
+        mode = msg["mode"]
+        first = make_args(self.reference, spec, workload, seeds[0], self.device)
+        if mode == "graph":
+            l2 = torch.cuda.get_device_properties(0).L2_cache_size
+            n_sets = int(min(len(seeds), max(1, -(-3 * l2 // max(1, args_nbytes(first))))))
+        else:
+            n_sets = min(len(seeds), 2)
+        sets = [first] + [make_args(self.reference, spec, workload, s, self.device) for s in seeds[1:n_sets]]
+        self.sync()
+
+        def call(i: int):
+            return self.run(*sets[i])
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                if mode == "cpu":
+                    stats = timing.time_cpu(call, n_sets, samples=int(msg.get("cpu_samples", 3)))
+                elif mode == "graph":
+                    stats = timing.time_graph(call, n_sets, **msg.get("params", {}))
+                else:
+                    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+                    flush_buf = torch.empty(max(2 * l2, 128 << 20), dtype=torch.uint8, device="cuda")
+                    stats = timing.time_events(call, n_sets, flush=flush_buf.zero_, **msg.get("params", {}))
+        except BaseException as e:  # noqa: BLE001
+            self.error(classify(e), "during timing: " + describe(e, self.solution_path))
+            return
+        self.send({"kind": "timing", "stats": stats.model_dump()})
+
+    def serve(self) -> None:
+        if not self.load():
+            return
+        while True:
+            try:
+                msg = self.conn.recv()
+            except EOFError:
+                return
+            self.pending = []
+            op = msg.get("op")
+            if op == "call":
+                self.do_call(msg["args"])
+            elif op == "time":
+                self.do_time(msg)
+            elif op == "exit":
+                self.send({"kind": "bye"})
+                return
+            else:
+                self.error("runtime_error", f"unknown op {op!r}")
+
+
+def worker_main(conn, task_root: str, solution_path: str, device: str, options: dict) -> None:
+    """Entry point of the spawned process (module-level so that spawn can pickle it)."""
+    workdir = tempfile.mkdtemp(prefix="d2k-worker-")
+    os.chdir(workdir)
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+    log_path = options.get("log_path")
+    if log_path:  # the solution's prints go to a log the parent can quote, not to the terminal
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+        sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    with contextlib.suppress(BrokenPipeError, EOFError, ConnectionResetError):
+        Worker(conn, task_root, solution_path, device, options).serve()

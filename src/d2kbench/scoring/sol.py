@@ -1,0 +1,59 @@
+"""Speed of light (SOL) and roofline figures (DESIGN.md section 5).
+
+SOL time of a workload = max(tensor-core FLOPs / TC rate, FP32 FLOPs / FP32 rate,
+minimal bytes / bandwidth), from the task's hand-written work formulas. Two ceiling tables:
+vendor datasheet peaks and ceilings measured on our machines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from d2kbench.tasks.formula import evaluate_formula
+from d2kbench.tasks.schema import WorkCounts
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """Peak rates of one GPU: TFLOP/s (dense, no sparsity) and TB/s; ``source`` cites them."""
+
+    name: str
+    bf16_tflops: float
+    fp8_tflops: float
+    fp32_tflops: float
+    hbm_tbps: float
+    source: str
+
+
+#: Vendor datasheet peaks (SXM parts, dense).
+DATASHEET = {
+    "H200": Ceilings("H200", 989.0, 1979.0, 67.0, 4.8, "NVIDIA H200 datasheet (SXM)"),
+    "H100": Ceilings("H100", 989.0, 1979.0, 67.0, 3.35, "NVIDIA H100 datasheet (SXM)"),
+    "B200": Ceilings("B200", 2250.0, 4500.0, 80.0, 8.0, "NVIDIA B200 datasheet (HGX, dense)"),
+}
+#: Ceilings measured on our H200 (DESIGN.md section 4, KINDS.md, Nov 2026): 8192^3 bf16 GEMM
+#: through PyTorch on random data in short bursts; device-to-device copy counting read+write.
+MEASURED = {
+    "H200": Ceilings("H200", 790.0, 1267.0, 60.0, 4.3, "measured on our H200, Nov 2026 (DESIGN.md §4)"),
+}
+
+
+def gpu_key(gpu_name: str | None) -> str | None:
+    """``"NVIDIA H200"`` -> ``"H200"`` (None when no table knows the GPU)."""
+    if not gpu_name:
+        return None
+    for key in DATASHEET:
+        if key in gpu_name.upper():
+            return key
+    return None
+
+
+def sol_ms(counts: WorkCounts, axes: dict, ceil: Ceilings) -> tuple[float, str]:
+    """SOL time in ms and the binding limit (``tensor_core``, ``fp32`` or ``memory``)."""
+    terms = {
+        "tensor_core": evaluate_formula(counts.tc_flops, axes) / (ceil.bf16_tflops * 1e12),
+        "fp32": evaluate_formula(counts.fp32_flops, axes) / (ceil.fp32_tflops * 1e12),
+        "memory": evaluate_formula(counts.bytes, axes) / (ceil.hbm_tbps * 1e12),
+    }
+    bind = max(terms, key=terms.get)
+    return terms[bind] * 1e3, bind

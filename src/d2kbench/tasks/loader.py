@@ -1,0 +1,146 @@
+"""Load task folders (``suite/<task_id>/``) into :class:`Task` objects.
+
+A malformed file raises :class:`TaskFileError`, whose message names the file, the field
+(a dotted path such as ``outputs.0.checks.0.max``) and the problem.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from types import ModuleType
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from d2kbench.tasks.schema import Guidance, Rubric, TaskSpec
+
+SUITE_DIR = Path(__file__).resolve().parent.parent / "suite"
+
+#: Files every task folder must have (TASKS.md).
+REQUIRED_FILES = (
+    "task.yaml", "reference.py", "template.py", "requirements.md", "guidance.yaml", "rubric.yaml",
+)
+#: Files staged into an agent's workspace; the rest (expert code, rubric) is held back.
+SHARED_FILES = ("task.yaml", "reference.py", "template.py", "requirements.md")
+
+
+class TaskFileError(ValueError):
+    """A task file is missing or invalid. ``str(err)`` names file, field and problem."""
+
+    def __init__(self, path: Path, problems: list[tuple[str, str]]):
+        self.path = Path(path)
+        self.problems = problems
+        lines = [f"{self.path}: " + (f"{field}: {msg}" if field else msg) for field, msg in problems]
+        super().__init__("\n".join(lines))
+
+
+def _read_yaml(path: Path, model: type[BaseModel]) -> BaseModel:
+    if not path.is_file():
+        raise TaskFileError(path, [("", "file is missing")])
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise TaskFileError(path, [("", f"not valid YAML: {e}")]) from None
+    if not isinstance(data, dict):
+        raise TaskFileError(path, [("", f"top level must be a mapping, got {type(data).__name__}")])
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        problems = [(".".join(str(p) for p in err["loc"]) or "(top level)", err["msg"]) for err in e.errors()]
+        raise TaskFileError(path, problems) from None
+
+
+def import_file(path: Path, name: str | None = None) -> ModuleType:
+    """Import a Python file as a fresh module (not cached in ``sys.modules`` under its name).
+
+    Raises:
+        Any exception the module raises at import (SyntaxError, ImportError, ...).
+    """
+    path = Path(path)
+    mod_name = name or f"d2k_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:10]}"
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module  # needed by triton.jit / dataclasses looking up the module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(mod_name, None)
+        raise
+    return module
+
+
+@dataclass
+class Task:
+    """A loaded task folder. ``spec`` is the parsed ``task.yaml``."""
+
+    root: Path
+    spec: TaskSpec
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    @cached_property
+    def guidance(self) -> Guidance:
+        return _read_yaml(self.root / "guidance.yaml", Guidance)  # type: ignore[return-value]
+
+    @cached_property
+    def rubric(self) -> Rubric:
+        return _read_yaml(self.root / "rubric.yaml", Rubric)  # type: ignore[return-value]
+
+    def reference_module(self) -> ModuleType:
+        return import_file(self.root / "reference.py")
+
+    def solutions(self) -> dict[str, Path]:
+        """The task's own solutions by name (``reference`` included)."""
+        sols = {"reference": self.root / "reference.py"}
+        sol_dir = self.root / "solutions"
+        if sol_dir.is_dir():
+            sols.update({p.stem: p for p in sorted(sol_dir.glob("*.py")) if not p.name.startswith("_")})
+        return sols
+
+    def resolve_solution(self, name_or_path: str | Path) -> Path:
+        """A solution name of this task (``straightforward``, ``expert``, ``reference``) or a path.
+
+        Raises:
+            FileNotFoundError: neither a known name nor an existing file.
+        """
+        sols = self.solutions()
+        if str(name_or_path) in sols:
+            return sols[str(name_or_path)]
+        p = Path(name_or_path)
+        if p.is_file():
+            return p.resolve()
+        raise FileNotFoundError(
+            f"{name_or_path!r} is neither a solution of task {self.id!r} ({', '.join(sols)}) nor a file"
+        )
+
+
+def load_task(task: str | Path) -> Task:
+    """Load a task by id (a folder under the suite) or by folder path.
+
+    Raises:
+        TaskFileError: the folder or ``task.yaml`` is missing or invalid.
+    """
+    root = Path(task)
+    if not root.is_dir():
+        root = SUITE_DIR / str(task)
+    if not root.is_dir():
+        known = ", ".join(t for t in list_tasks()) or "none"
+        raise TaskFileError(Path(task), [("", f"no such task (known: {known})")])
+    spec = _read_yaml(root / "task.yaml", TaskSpec)
+    if spec.id != root.name:
+        raise TaskFileError(root / "task.yaml", [("id", f"{spec.id!r} differs from the folder name {root.name!r}")])
+    return Task(root=root.resolve(), spec=spec)  # type: ignore[arg-type]
+
+
+def list_tasks(suite_dir: Path = SUITE_DIR) -> list[str]:
+    """Ids of the task folders in the suite (folders that hold a ``task.yaml``)."""
+    return sorted(p.parent.name for p in Path(suite_dir).glob("*/task.yaml"))

@@ -1,0 +1,338 @@
+"""Pydantic schemas of a task folder's YAML files (TASKS.md: the task contract).
+
+``task.yaml`` -> :class:`TaskSpec`; ``guidance.yaml`` -> :class:`Guidance`;
+``rubric.yaml`` -> :class:`Rubric`. Every model forbids unknown keys, so a typo in a task
+file is an error that names the field instead of a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from d2kbench.tasks.formula import formula_names
+
+DTYPES = (
+    "bfloat16", "float16", "float32", "float64",
+    "float8_e4m3fn", "float8_e5m2", "int8", "uint8", "int16", "int32", "int64", "bool",
+)
+Dtype = Literal[
+    "bfloat16", "float16", "float32", "float64",
+    "float8_e4m3fn", "float8_e5m2", "int8", "uint8", "int16", "int32", "int64", "bool",
+]
+Level = Literal["L1", "L2", "L3"]
+LEVELS: tuple[str, ...] = ("L1", "L2", "L3")
+_ID = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TensorArg(_Strict):
+    """One tensor argument of ``run``. ``shape`` names axes (or fixes sizes)."""
+
+    name: str
+    kind: Literal["tensor"]
+    shape: list[str | int]
+    dtype: Dtype
+    layout: str = "contiguous"
+    mutable: bool = False
+    description: str = ""
+
+
+class ScalarArg(_Strict):
+    """One Python scalar argument of ``run`` (its value comes from the input generator)."""
+
+    name: str
+    kind: Literal["int", "float", "bool"]
+    description: str = ""
+
+
+class Sample(_Strict):
+    """Check only ``count`` secretly drawn indices along ``axis`` (for an expensive oracle)."""
+
+    axis: str
+    count: int = Field(ge=1)
+
+
+class Tolerance(_Strict):
+    """One numerical check of an output (or of a mutated input) against an expected value.
+
+    metric:
+      * ``rel_fro``: ``||out - exp||_F / ||exp||_F`` over the ``slice_dims`` axes (the whole
+        tensor when empty), reported as the max over the remaining axes; passes when <= ``max``.
+      * ``allclose``: ``|out - exp| <= atol + rtol * |exp|`` elementwise; passes when the
+        fraction of violating elements is <= ``max_mismatch`` (0 by default).
+      * ``exact``: bitwise equality.
+      * ``custom``: the task reference's ``check(inputs, outputs)`` decides (non-unique outputs).
+    against: ``reference`` (the native-precision ``run``) or ``oracle`` (``reference.oracle``).
+    """
+
+    against: Literal["reference", "oracle"] = "reference"
+    metric: Literal["rel_fro", "allclose", "exact", "custom"]
+    slice_dims: list[str] = []
+    max: float | None = None
+    atol: float | None = None
+    rtol: float | None = None
+    max_mismatch: float = 0.0
+    sample: Sample | None = None
+    rationale: str
+
+    @model_validator(mode="after")
+    def _params(self) -> "Tolerance":
+        if self.metric == "rel_fro" and self.max is None:
+            raise ValueError("metric rel_fro needs 'max'")
+        if self.metric == "allclose" and (self.atol is None or self.rtol is None):
+            raise ValueError("metric allclose needs 'atol' and 'rtol'")
+        if not self.rationale.strip():
+            raise ValueError("a tolerance needs a one-line rationale")
+        return self
+
+
+class OutputSpec(_Strict):
+    """One output of ``run`` (in order), with the checks it must pass."""
+
+    name: str
+    shape: list[str | int]
+    dtype: Dtype
+    checks: list[Tolerance] = Field(min_length=1)
+    description: str = ""
+
+
+class Workload(_Strict):
+    """A registered (or smoke, or adversarial) input configuration."""
+
+    id: str
+    axes: dict[str, int]
+    params: dict[str, str | int | float | bool] = {}
+    source: str = ""
+    correctness_only: bool = False
+    checks: dict[str, list[Tolerance]] = {}
+
+    def checks_for(self, name: str, default: list[Tolerance]) -> list[Tolerance]:
+        """The checks of output (or mutable argument) ``name`` on this workload."""
+        return self.checks.get(name, default)
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if not _ID.match(v):
+            raise ValueError(f"workload id {v!r} must match {_ID.pattern}")
+        return v
+
+    def values(self) -> dict:
+        """Axis values and parameters merged, as ``make_inputs`` receives them."""
+        return {**self.axes, **self.params}
+
+
+class Timing(_Strict):
+    """How latency is measured (DESIGN.md section 4)."""
+
+    mode: Literal["events", "graph"]
+    rationale: str = ""
+
+
+class WorkCounts(_Strict):
+    """Work of one algorithm as formulas of the axes (Python arithmetic on axis names)."""
+
+    tc_flops: str = "0"
+    fp32_flops: str = "0"
+    bytes: str = "0"
+    note: str = ""
+
+
+class SolSpec(_Strict):
+    """Speed-of-light counts: the reference algorithm's work plus lower-work variants.
+
+    ``floor`` names the variant whose time is the roofline floor (the least work any known
+    design needs); a measured time under it is physically implausible.
+    """
+
+    reference: WorkCounts
+    variants: dict[str, WorkCounts] = {}
+    floor: str = "reference"
+
+    @model_validator(mode="after")
+    def _floor(self) -> "SolSpec":
+        if self.floor != "reference" and self.floor not in self.variants:
+            raise ValueError(f"floor {self.floor!r} is neither 'reference' nor a variant")
+        return self
+
+    def counts(self, name: str) -> WorkCounts:
+        return self.reference if name == "reference" else self.variants[name]
+
+
+class Forbidden(_Strict):
+    """Operators and libraries a solution's ``run`` may not use (beyond the global rules)."""
+
+    aten_ops: list[str] = []
+    modules: list[str] = []
+    note: str = ""
+
+
+class TaskSpec(_Strict):
+    """``task.yaml``: the single source of truth of one task."""
+
+    id: str
+    title: str
+    category: Literal[
+        "optimizer", "attention", "linear_attention", "moe", "quantization", "serving", "training"
+    ]
+    origin: list[str] = Field(min_length=1)
+    description: str
+    args: list[Annotated[TensorArg | ScalarArg, Field(discriminator="kind")]] = Field(min_length=1)
+    outputs: list[OutputSpec] = Field(min_length=1)
+    state_checks: dict[str, list[Tolerance]] = {}
+    workloads: list[Workload] = Field(min_length=1)
+    smoke_workloads: list[Workload] = Field(min_length=1)
+    timing: Timing
+    sol: SolSpec
+    forbidden: Forbidden = Forbidden()
+    timeout_s: float = Field(default=600.0, gt=0)
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if not re.match(r"^[a-z][a-z0-9_]*$", v):
+            raise ValueError(f"task id {v!r} must be snake_case")
+        return v
+
+    @model_validator(mode="after")
+    def _consistency(self) -> "TaskSpec":
+        names = [a.name for a in self.args] + [o.name for o in self.outputs]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"duplicate argument/output names: {sorted(dup)}")
+        axes = {ax for a in self.args if isinstance(a, TensorArg) for ax in a.shape if isinstance(ax, str)}
+        for o in self.outputs:
+            for ax in o.shape:
+                if isinstance(ax, str) and ax not in axes:
+                    raise ValueError(f"output {o.name!r} uses axis {ax!r} that no tensor argument has")
+            for t in o.checks:
+                self._check_axes(t, o.shape, f"output {o.name!r}")
+        mutable = {a.name: a for a in self.args if isinstance(a, TensorArg) and a.mutable}
+        for name, checks in self.state_checks.items():
+            if name not in mutable:
+                raise ValueError(f"state_checks names {name!r}, which is not a mutable tensor argument")
+            for t in checks:
+                self._check_axes(t, mutable[name].shape, f"state of {name!r}")
+        missing = set(mutable) - set(self.state_checks)
+        if missing:
+            raise ValueError(f"mutable arguments without state_checks: {sorted(missing)}")
+        ids = [w.id for w in self.all_workloads()]
+        dup = {i for i in ids if ids.count(i) > 1}
+        if dup:
+            raise ValueError(f"duplicate workload ids: {sorted(dup)}")
+        checked = {o.name: o.shape for o in self.outputs} | {n: a.shape for n, a in mutable.items()}
+        for w in self.all_workloads():
+            for name, checks in w.checks.items():
+                if name not in checked:
+                    raise ValueError(f"workload {w.id!r} overrides checks of unknown output {name!r}")
+                for t in checks:
+                    self._check_axes(t, checked[name], f"workload {w.id!r} output {name!r}")
+            if set(w.axes) != axes:
+                raise ValueError(
+                    f"workload {w.id!r} gives axes {sorted(w.axes)}, the arguments use {sorted(axes)}"
+                )
+        for name in ("reference", *self.sol.variants):
+            c = self.sol.counts(name)
+            for field in ("tc_flops", "fp32_flops", "bytes"):
+                unknown = formula_names(getattr(c, field)) - axes
+                if unknown:
+                    raise ValueError(f"sol {name}.{field} uses unknown names {sorted(unknown)}")
+        return self
+
+    @staticmethod
+    def _check_axes(t: Tolerance, shape: list, where: str) -> None:
+        for ax in t.slice_dims + ([t.sample.axis] if t.sample else []):
+            if ax not in shape:
+                raise ValueError(f"{where}: tolerance axis {ax!r} is not in its shape {shape}")
+
+    def all_workloads(self) -> list[Workload]:
+        return [*self.workloads, *self.smoke_workloads]
+
+    def workload(self, wid: str) -> Workload:
+        for w in self.all_workloads():
+            if w.id == wid:
+                return w
+        known = ", ".join(w.id for w in self.all_workloads())
+        raise KeyError(f"task {self.id!r} has no workload {wid!r} (known: {known})")
+
+    def tensor_args(self) -> list[TensorArg]:
+        return [a for a in self.args if isinstance(a, TensorArg)]
+
+
+class GuidanceItem(_Strict):
+    """One piece of expert design guidance (rationale only: no code, no tuning constants)."""
+
+    id: str
+    level: Level
+    title: str
+    text: str
+    depends_on: list[str] = []
+
+
+class Guidance(_Strict):
+    """``guidance.yaml``: L1/L2/L3 items with dependencies."""
+
+    task: str
+    items: list[GuidanceItem] = Field(min_length=3)
+
+    @model_validator(mode="after")
+    def _resolve(self) -> "Guidance":
+        ids = [i.id for i in self.items]
+        dup = {i for i in ids if ids.count(i) > 1}
+        if dup:
+            raise ValueError(f"duplicate guidance ids: {sorted(dup)}")
+        order = {lvl: n for n, lvl in enumerate(LEVELS)}
+        by_id = {i.id: i for i in self.items}
+        for item in self.items:
+            for dep in item.depends_on:
+                if dep not in by_id:
+                    raise ValueError(f"guidance item {item.id!r} depends on unknown id {dep!r}")
+                if order[by_id[dep].level] > order[item.level]:
+                    raise ValueError(
+                        f"guidance item {item.id!r} ({item.level}) depends on {dep!r} of a later level"
+                    )
+        levels = {i.level for i in self.items}
+        if levels != set(LEVELS):
+            raise ValueError(f"guidance must cover L1, L2 and L3 (has {sorted(levels)})")
+        return self
+
+    def up_to(self, level: str) -> list[GuidanceItem]:
+        """Cumulative guidance: every item of ``level`` and the levels before it."""
+        if level == "none":
+            return []
+        if level not in LEVELS:
+            raise ValueError(f"unknown guidance level {level!r}")
+        keep = LEVELS[: LEVELS.index(level) + 1]
+        return [i for i in self.items if i.level in keep]
+
+
+class RubricProperty(_Strict):
+    """A property an implementation or design must show to earn credit at one level."""
+
+    id: str
+    description: str
+    removes: str
+    guidance: list[str] = []
+    partial: str = ""
+
+
+class RubricLevel(_Strict):
+    properties: list[RubricProperty] = Field(min_length=1)
+    accepted_alternatives: list[str] = []
+    judge_notes: str = ""
+
+
+class Rubric(_Strict):
+    """``rubric.yaml``: judge criteria per level (held back from agents)."""
+
+    task: str
+    version: str
+    L1: RubricLevel
+    L2: RubricLevel
+    L3: RubricLevel
