@@ -41,6 +41,73 @@ CREATE TABLE IF NOT EXISTS results (
     record_json     TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS results_task ON results(task, workload);
+-- Agent runs (SPEC.md section 4): one row per (task, model, backend, guidance, seed) run.
+CREATE TABLE IF NOT EXISTS runs (
+    run_id       TEXT PRIMARY KEY,
+    campaign     TEXT,
+    task         TEXT NOT NULL,
+    model        TEXT NOT NULL,
+    backend      TEXT NOT NULL,
+    guidance     TEXT NOT NULL,          -- none | L1 | L1+L2 | L1+L2+L3 | design
+    seed         INTEGER NOT NULL DEFAULT 0,
+    budget_turns INTEGER NOT NULL,
+    status       TEXT NOT NULL,          -- running | finished | failed
+    started_at   TEXT NOT NULL,
+    finished_at  TEXT,
+    final_candidate INTEGER,             -- candidates.id of the selected final answer
+    config_json  TEXT NOT NULL DEFAULT '{}'
+);
+-- Every submission of a run, snapshotted and evaluated by the harness.
+CREATE TABLE IF NOT EXISTS candidates (
+    id              INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id          TEXT NOT NULL REFERENCES runs(run_id),
+    turn            INTEGER NOT NULL,
+    solution_sha256 TEXT NOT NULL,
+    path            TEXT NOT NULL,
+    eval_id         TEXT,                -- evaluations.eval_id
+    eligible        INTEGER NOT NULL,    -- 1 when every workload passed every check
+    geomean_speedup REAL,
+    created_at      TEXT NOT NULL
+);
+-- Token usage and cost per turn (one model response).
+CREATE TABLE IF NOT EXISTS turns (
+    run_id          TEXT NOT NULL REFERENCES runs(run_id),
+    turn            INTEGER NOT NULL,
+    input_tokens    INTEGER NOT NULL DEFAULT 0,
+    output_tokens   INTEGER NOT NULL DEFAULT 0,
+    cache_read      INTEGER NOT NULL DEFAULT 0,
+    cache_write_5m  INTEGER NOT NULL DEFAULT 0,
+    cache_write_1h  INTEGER NOT NULL DEFAULT 0,
+    cost_usd        REAL NOT NULL DEFAULT 0,
+    cli_cost_usd    REAL,                -- the CLI's own cost figure, where it reports one
+    created_at      TEXT NOT NULL,
+    PRIMARY KEY (run_id, turn)
+);
+-- The trajectory: messages, tool calls and candidate events, in order.
+CREATE TABLE IF NOT EXISTS events (
+    run_id    TEXT NOT NULL REFERENCES runs(run_id),
+    seq       INTEGER NOT NULL,
+    turn      INTEGER NOT NULL,
+    kind      TEXT NOT NULL,             -- message | tool_call | tool_result | candidate | error
+    data_json TEXT NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
+-- LLM-judge verdicts (SPEC.md section 5).
+CREATE TABLE IF NOT EXISTS verdicts (
+    id             INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind           TEXT NOT NULL,        -- impl | design
+    task           TEXT NOT NULL,
+    target         TEXT NOT NULL,        -- run_id, solution sha256 or design sha256
+    model          TEXT NOT NULL,
+    prompt_version TEXT NOT NULL,
+    rubric_version TEXT NOT NULL,
+    input_hash     TEXT NOT NULL,
+    l1 REAL NOT NULL, l2 REAL NOT NULL, l3 REAL NOT NULL,
+    js             REAL NOT NULL,
+    verdict_json   TEXT NOT NULL,
+    created_at     TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS verdicts_hash ON verdicts(input_hash);
 CREATE INDEX IF NOT EXISTS results_sha ON results(solution_sha256);
 """
 
