@@ -191,5 +191,16 @@ def results(
     store.close()
 
 
+def _register_plugins() -> None:
+    """Command groups of other areas: each ``d2kbench/<area>/commands.py`` defines ``register(app)``."""
+    import importlib
+
+    for area in ("report", "agents", "judge", "campaign", "integrity"):
+        if (Path(__file__).parent / area / "commands.py").is_file():
+            importlib.import_module(f"d2kbench.{area}.commands").register(app)
+
+
+_register_plugins()
+
 if __name__ == "__main__":
     app()
