@@ -31,9 +31,9 @@ def classify(exc: BaseException) -> str:
         return "oom"
     if names & _COMPILE_ERRORS:
         return "compile_error"
-    msg = str(exc)
-    if "out of memory" in msg.lower() and "CUDA" in msg:
-        return "oom"
+    msg = str(exc).lower()
+    if "out of memory" in msg or "can't allocate memory" in msg or "not enough memory" in msg:
+        return "oom"  # CUDA OOM raised as RuntimeError by some paths; the CPU allocator's message
     return "runtime_error"
 
 

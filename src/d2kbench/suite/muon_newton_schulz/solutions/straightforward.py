@@ -41,9 +41,9 @@ def _bgemm_kernel(a_ptr, b_ptr, c_ptr, out_ptr, M, N, K,
                   sab, sam, sak, sbb, sbk, sbn, scb, scm, scn, sob, som, son,
                   alpha, beta, HAS_C: tl.constexpr,
                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
-    """out[b] = alpha * A[b] @ B[b] (+ beta * C[b]); fp16 operands, fp32 accumulation."""
+    """out[b] = alpha * A[b] @ B[b] (+ beta * C[b]); fp16 (or bf16) operands, fp32 accumulation."""
     pid = tl.program_id(0)
-    batch = tl.program_id(1)
+    batch = tl.program_id(1).to(tl.int64)
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
     group = pid // (GROUP * num_n)
@@ -75,10 +75,10 @@ def _bgemm_kernel(a_ptr, b_ptr, c_ptr, out_ptr, M, N, K,
 
 def _bgemm(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, c: torch.Tensor | None = None,
            beta: float = 0.0) -> torch.Tensor:
-    """Batched ``alpha * a @ b + beta * c`` for [B, M, K] x [B, K, N] fp16 views (any strides)."""
+    """Batched ``alpha * a @ b + beta * c`` for [B, M, K] x [B, K, N] views (any strides), in a's dtype."""
     Bsz, M, K = a.shape
     N = b.shape[2]
-    out = torch.empty((Bsz, M, N), device=a.device, dtype=torch.float16)
+    out = torch.empty((Bsz, M, N), device=a.device, dtype=a.dtype)
     cc = c if c is not None else out
     grid = lambda meta: (triton.cdiv(M, meta["BM"]) * triton.cdiv(N, meta["BN"]), Bsz)  # noqa: E731
     _bgemm_kernel[grid](a, b, cc, out, M, N, K,
@@ -91,28 +91,28 @@ def _bgemm(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, c: torch.Tensor
 @triton.jit
 def _sumsq_kernel(g_ptr, out_ptr, numel, BLOCK: tl.constexpr):
     """out[b] += sum(G[b]^2) in fp32; grid (chunks, B)."""
-    batch = tl.program_id(1)
+    batch = tl.program_id(1).to(tl.int64)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(g_ptr + batch * numel + offs, mask=offs < numel, other=0.0).to(tl.float32)
     tl.atomic_add(out_ptr + batch, tl.sum(x * x, axis=0))
 
 
 @triton.jit
-def _scale_cast_kernel(g_ptr, ss_ptr, x_ptr, R, C, sgb, sgr, sgc, BR: tl.constexpr, BC: tl.constexpr):
-    """X[b] = fp16(G[b] / (sqrt(ss[b]) * 1.02 + 1e-6)); G read through strides (transposed views)."""
-    batch = tl.program_id(2)
+def _scale_cast_kernel(g_ptr, ss_ptr, x_ptr, R, C, sgb, sgr, sgc, norm_scale, BR: tl.constexpr, BC: tl.constexpr):
+    """X[b] = G[b] / (sqrt(ss[b]) * norm_scale + 1e-6) in X's dtype; G read through strides."""
+    batch = tl.program_id(2).to(tl.int64)
     rr = tl.program_id(0) * BR + tl.arange(0, BR)
     rc = tl.program_id(1) * BC + tl.arange(0, BC)
     mask = (rr[:, None] < R) & (rc[None, :] < C)
     g = tl.load(g_ptr + batch * sgb + rr[:, None] * sgr + rc[None, :] * sgc, mask=mask, other=0.0).to(tl.float32)
-    scale = 1.0 / (tl.sqrt(tl.load(ss_ptr + batch)) * 1.02 + 1e-6)
-    tl.store(x_ptr + batch * R * C + rr[:, None] * C + rc[None, :], (g * scale).to(tl.float16), mask=mask)
+    scale = 1.0 / (tl.sqrt(tl.load(ss_ptr + batch)) * norm_scale + 1e-6)
+    tl.store(x_ptr + batch * R * C + rr[:, None] * C + rc[None, :], (g * scale).to(x_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _to_bf16_kernel(x_ptr, o_ptr, R, C, sob, sor, soc, BR: tl.constexpr, BC: tl.constexpr):
     """out (strided view) = bf16(X[b]) for contiguous fp16 X [B, R, C]."""
-    batch = tl.program_id(2)
+    batch = tl.program_id(2).to(tl.int64)
     rr = tl.program_id(0) * BR + tl.arange(0, BR)
     rc = tl.program_id(1) * BC + tl.arange(0, BC)
     mask = (rr[:, None] < R) & (rc[None, :] < C)
@@ -128,6 +128,16 @@ def run(G: torch.Tensor, steps: int = 5) -> torch.Tensor:
     """
     if steps != 5:
         raise ValueError(f"steps must equal 5 (got {steps})")
+    return polar_express(G, COEFFS)
+
+
+def polar_express(G: torch.Tensor, coeffs, iterate_dtype: torch.dtype = torch.float16,
+                  norm_scale: float = 1.02) -> torch.Tensor:
+    """The step-wise recurrence for any coefficient list, iterate dtype and norm scale.
+
+    ``run`` uses exactly the task's definition; the other parameters exist so that tests can
+    build the wrong variants the tolerance must reject (fewer steps, BF16 iterate, ...).
+    """
     if G.dim() != 3 or G.dtype != torch.bfloat16:
         raise ValueError("G must be a [B, M, N] bfloat16 tensor")
     G = G.contiguous()
@@ -140,10 +150,11 @@ def run(G: torch.Tensor, steps: int = 5) -> torch.Tensor:
     numel = M * N
     chunk = 1024 if _INTERPRET else 8192
     _sumsq_kernel[(triton.cdiv(numel, chunk), Bsz)](G, sumsq, numel, BLOCK=chunk)
-    X = torch.empty((Bsz, R, C), device=G.device, dtype=torch.float16)
+    X = torch.empty((Bsz, R, C), device=G.device, dtype=iterate_dtype)
     grid2 = (triton.cdiv(R, blk), triton.cdiv(C, blk), Bsz)
-    _scale_cast_kernel[grid2](Gv, sumsq, X, R, C, Gv.stride(0), Gv.stride(1), Gv.stride(2), BR=blk, BC=blk)
-    for a, b, c in COEFFS:
+    _scale_cast_kernel[grid2](Gv, sumsq, X, R, C, Gv.stride(0), Gv.stride(1), Gv.stride(2), norm_scale,
+                              BR=blk, BC=blk)
+    for a, b, c in coeffs:
         A = _bgemm(X, X.mT)                      # A = X X^T            [B, R, R]
         Bm = _bgemm(A, A, alpha=c, c=A, beta=b)  # B = c A A + b A      [B, R, R]
         X = _bgemm(Bm, X, alpha=1.0, c=X, beta=a)  # X = B X + a X      [B, R, C]

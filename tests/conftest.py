@@ -1,0 +1,34 @@
+"""Shared fixtures: the Muon task and a one-call evaluation helper for harness tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from d2kbench.harness.evaluate import Options, evaluate
+from d2kbench.tasks import load_task
+
+SOLUTIONS = Path(__file__).parent / "solutions"
+
+
+@pytest.fixture(scope="session")
+def muon():
+    return load_task("muon_newton_schulz")
+
+
+@pytest.fixture(scope="session")
+def evaluate_cpu(muon):
+    """Evaluate a solution on one small smoke workload on the CPU, without a baseline."""
+
+    def run(solution, workload="smoke_wide_2x32x96", timeout_s=60.0, baseline=None, store=None, device="cpu", **opts):
+        path = SOLUTIONS / "muon" / f"{solution}.py" if not str(solution) in muon.solutions() else solution
+        return evaluate(muon, path, [muon.spec.workload(workload)], device, baseline, store=store,
+                        options=Options(timeout_s=timeout_s, **opts))
+
+    return run
+
+
+#: Run a test on the CPU always and on the GPU where one is visible (the H200 runs `-k cuda`).
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]

@@ -1,0 +1,6 @@
+"""Fails the structure check: returns a numpy array."""
+from d2kbench.suite.muon_newton_schulz.solutions import straightforward as reference
+
+
+def run(G, steps=5):
+    return reference.run(G, steps).float().numpy()

@@ -1,0 +1,113 @@
+"""Numerical checks and timing statistics, on hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from d2kbench.harness import checks
+from d2kbench.harness.timing import sample_count, summarize, time_cpu
+from d2kbench.tasks.schema import Tolerance
+
+
+def tol(**kw):
+    return Tolerance(rationale="test", **kw)
+
+
+def test_rel_fro_per_slice_takes_the_worst_matrix():
+    exp = torch.ones(3, 2, 2, dtype=torch.float64)
+    out = exp.clone()
+    out[1, 0, 0] = 2.0  # ||diff|| = 1, ||exp|| = 2 -> 0.5 on matrix 1, 0 elsewhere
+    err, worst = checks.rel_fro(out, exp, [1, 2])
+    assert err == pytest.approx(0.5) and worst == 1
+    whole, _ = checks.rel_fro(out, exp, [])
+    assert whole == pytest.approx(1 / math.sqrt(12))
+
+
+def test_compare_rel_fro_threshold_is_inclusive_and_fails_above():
+    exp = torch.ones(1, 2, 2)
+    t = tol(metric="rel_fro", max=0.25, slice_dims=["M", "N"])
+    dim_of = ["B", "M", "N"].index
+    ok = checks.compare(0, "o", t, exp * 1.25, exp, dim_of)
+    bad = checks.compare(0, "o", t, exp * 1.26, exp, dim_of)
+    assert ok.passed and ok.error == pytest.approx(0.25)
+    assert not bad.passed and bad.error == pytest.approx(0.26)
+
+
+def test_compare_nan_is_never_within_tolerance():
+    exp = torch.ones(4)
+    out = exp.clone()
+    out[2] = float("nan")
+    r = checks.compare(0, "o", tol(metric="rel_fro", max=1e9), out, exp, [0].index)
+    assert not r.passed and r.error == math.inf
+    f = checks.finite(0, "o", out)
+    assert not f.passed and "1 of 4 elements are NaN/Inf (first at (2,))" in f.detail
+
+
+def test_allclose_mismatch_fraction():
+    exp = torch.zeros(10)
+    out = exp.clone()
+    out[:3] = 1.0
+    t = tol(metric="allclose", atol=0.5, rtol=0.0, max_mismatch=0.2)
+    r = checks.compare(0, "o", t, out, exp, [0].index)
+    assert not r.passed and r.error == pytest.approx(0.3)
+    t2 = tol(metric="allclose", atol=0.5, rtol=0.0, max_mismatch=0.3)
+    assert checks.compare(0, "o", t2, out, exp, [0].index).passed
+
+
+def test_exact_compares_bits():
+    a = torch.tensor([0.0, 1.0])
+    b = torch.tensor([-0.0, 1.0])  # equal as numbers, different bits
+    r = checks.compare(0, "o", tol(metric="exact"), a, b, [0].index)
+    assert not r.passed and "1 elements differ" in r.detail
+    assert checks.compare(0, "o", tol(metric="exact"), a, a.clone(), [0].index).passed
+
+
+def test_untouched_reports_first_modified_element():
+    before = torch.arange(6.0).reshape(2, 3)
+    now = before.clone()
+    now[1, 2] = -1
+    r = checks.untouched(0, "G", now, before)
+    assert not r.passed and "(1, 2)" in r.detail
+    assert checks.untouched(0, "G", before.clone(), before).passed
+
+
+def test_structure_checks_shape_dtype_type(muon):
+    spec = muon.spec.outputs[0]
+    wl = muon.spec.workload("smoke_wide_2x32x96")
+    good = torch.empty(2, 32, 96, dtype=torch.bfloat16)
+    assert checks.structure(0, spec, good, wl).passed
+    assert "shape [2, 96, 32]" in checks.structure(0, spec, good.mT, wl).detail
+    assert "dtype torch.float16" in checks.structure(0, spec, good.half(), wl).detail
+    assert "list" in checks.structure(0, spec, [good], wl).detail
+
+
+def test_summarize_statistics():
+    s = summarize([1.0, 2.0, 3.0, 4.0, 10.0], "events")
+    assert s.mean_ms == pytest.approx(4.0) and s.median_ms == pytest.approx(3.0)
+    assert s.p10_ms == pytest.approx(np.percentile([1, 2, 3, 4, 10], 10))
+    assert s.std_ms == pytest.approx(np.std([1, 2, 3, 4, 10], ddof=1))
+    assert s.ci95_low_ms <= s.mean_ms <= s.ci95_high_ms
+    assert s.min_ms == 1.0 and s.max_ms == 10.0 and s.samples_ms == [1.0, 2.0, 3.0, 4.0, 10.0]
+    assert summarize([1.0, 2.0, 3.0, 4.0, 10.0], "events") == s  # deterministic interval
+
+
+@pytest.mark.parametrize("bad", [[], [1.0, float("nan")], [-1.0]])
+def test_summarize_rejects_bad_samples(bad):
+    with pytest.raises(ValueError):
+        summarize(bad, "events")
+
+
+def test_sample_count_clamps():
+    assert sample_count(100.0) == 15  # 1500 ms target / 100 ms
+    assert sample_count(1000.0) == 10  # at least 10
+    assert sample_count(0.001) == 200  # at most 200
+
+
+def test_time_cpu_cycles_input_sets():
+    seen = []
+    stats = time_cpu(seen.append, n_sets=2, samples=4, warmup=1)
+    assert seen == [0, 0, 1, 0, 1] and stats.n == 4 and stats.mode == "cpu"

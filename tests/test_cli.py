@@ -1,0 +1,58 @@
+"""CLI smoke tests through typer's runner (real commands, real harness)."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from d2kbench.cli import app
+
+runner = CliRunner()
+
+
+def test_tasks_and_show():
+    r = runner.invoke(app, ["tasks"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "muon_newton_schulz" in r.output and "events" in r.output
+    r = runner.invoke(app, ["show", "muon_newton_schulz"], env={"COLUMNS": "250"})
+    assert r.exit_code == 0, r.output
+    assert "paper_8x7168x18432" in r.output and "tensor_core" in r.output and "solutions/straightforward.py" in r.output
+
+
+def test_show_unknown_task():
+    r = runner.invoke(app, ["show", "nope"])
+    assert r.exit_code == 2 and "no such task" in r.output
+
+
+def test_validate():
+    r = runner.invoke(app, ["validate", "--no-smoke"])
+    assert r.exit_code == 0 and "ok" in r.output
+
+
+def test_eval_writes_json_markdown_and_store(tmp_path):
+    store, js, md = tmp_path / "s.sqlite", tmp_path / "e.json", tmp_path / "e.md"
+    r = runner.invoke(app, ["eval", "muon_newton_schulz", "straightforward", "--device", "cpu", "-w", "smoke_tall_1x64x48",
+                            "--store", str(store), "--json", str(js), "--markdown", str(md)], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "geomean speedup" in r.output
+    data = json.loads(js.read_text())
+    assert data[0]["candidate"]["results"][0]["status"] == "ok"
+    assert data[0]["baseline"]["solution"] == "reference"
+    assert "| smoke_tall_1x64x48 | ok |" in md.read_text()
+    r = runner.invoke(app, ["results", "--store", str(store)], env={"COLUMNS": "250"})
+    assert r.exit_code == 0 and "straightforward" in r.output and "smoke_tall_1x64x48" in r.output
+
+
+def test_eval_failing_solution_exits_nonzero_with_cause(tmp_path):
+    from conftest import SOLUTIONS
+
+    r = runner.invoke(app, ["eval", "muon_newton_schulz", str(SOLUTIONS / "muon" / "alias_input.py"), "--device", "cpu",
+                            "-w", "smoke_wide_2x32x96", "--baseline", "none", "--store", str(tmp_path / "s.sqlite")],
+                      env={"COLUMNS": "250"})
+    assert r.exit_code == 1
+    assert "integrity_violation" in r.output and "rule no_aliasing" in r.output
+
+
+def test_eval_unknown_workload():
+    r = runner.invoke(app, ["eval", "muon_newton_schulz", "reference", "--device", "cpu", "-w", "nope"])
+    assert r.exit_code == 2 and "has no workload 'nope'" in r.output
