@@ -103,3 +103,11 @@ def test_store_round_trip(evaluate_cpu, tmp_path):
     again = Store(tmp_path / "s.sqlite")
     assert len(again.rows()) == 2
     again.close()
+
+
+def test_baseline_still_measured_when_candidate_fails(evaluate_cpu):
+    ev = evaluate_cpu("syntax_error", baseline="reference")
+    assert ev.candidate.results[0].status is Status.COMPILE_ERROR
+    base = ev.baseline.results[0]
+    assert base.status is Status.OK and base.timing is not None
+    assert ev.scores[0].speedup is None and ev.geomean_speedup is None

@@ -23,7 +23,7 @@ from d2kbench.harness.env import fingerprint, nvidia_smi
 from d2kbench.harness.inputs import clone_args, make_args, secret_seed
 from d2kbench.harness.process import WorkerFailure, WorkerHandle
 from d2kbench.harness.results import (
-    CheckResult, Evaluation, SolutionRun, Status, Violation, WorkloadResult,
+    CheckResult, Evaluation, SolutionRun, Status, TimingStats, Violation, WorkloadResult,
 )
 from d2kbench.scoring.workloads import score_workloads
 from d2kbench.tasks.loader import Task
@@ -73,96 +73,104 @@ def _as_list(result) -> list:
     return list(result) if isinstance(result, (tuple, list)) else [result]
 
 
-class _Checker:
-    """Computes expected values for one call and checks a worker's answer against them."""
+class _Expected:
+    """Expected values of one call, computed lazily once and shared by every solution checked
+    on this call's inputs: the reference's outputs and argument states, and FP64-oracle outputs
+    on secretly sampled slices."""
 
-    def __init__(self, task: Task, reference, workload: Workload, device: str):
+    def __init__(self, task: Task, reference, workload: Workload, pristine: list):
         self.spec = task.spec
         self.ref = reference
         self.wl = workload
-        self.device = device
+        self.pristine = pristine
+        self._reference: tuple[list, list] | None = None
+        self._oracle: dict = {}
 
-    def expected(self, args: list) -> tuple[list, list]:
+    def reference(self) -> tuple[list, list]:
         """(reference outputs, argument states after the reference ran), on a private copy."""
-        ref_args = clone_args(args)
-        with torch.no_grad():
-            return _as_list(self.ref.run(*ref_args)), ref_args
+        if self._reference is None:
+            ref_args = clone_args(self.pristine)
+            with torch.no_grad():
+                self._reference = (_as_list(self.ref.run(*ref_args)), ref_args)
+        return self._reference
 
-    def oracle(self, args: list, sample: tuple[str, torch.Tensor] | None) -> list:
-        fn = getattr(self.ref, "oracle", None)
-        if fn is None:
-            raise ValueError(f"task {self.spec.id!r} asks for an oracle but reference.py defines none")
-        if sample is not None:
-            args = [self._take(a, spec, *sample) for a, spec in zip(args, self.spec.args)]
-        with torch.no_grad():
-            return _as_list(fn(*clone_args(args)))
+    def oracle(self, tol) -> tuple[tuple[str, torch.Tensor] | None, list]:
+        """(sample, oracle outputs on the sampled slices) for a tolerance's sampling rule."""
+        key = (tol.sample.axis, tol.sample.count) if tol.sample else None
+        if key not in self._oracle:
+            fn = getattr(self.ref, "oracle", None)
+            if fn is None:
+                raise ValueError(f"task {self.spec.id!r} asks for an oracle but reference.py defines none")
+            sample, args = None, self.pristine
+            if tol.sample:
+                size = self.wl.axes[tol.sample.axis]
+                gen = torch.Generator().manual_seed(secret_seed())
+                sample = (tol.sample.axis, torch.randperm(size, generator=gen)[: tol.sample.count].sort().values)
+                args = [_take(a, spec, *sample) for a, spec in zip(args, self.spec.args)]
+            with torch.no_grad():
+                self._oracle[key] = (sample, _as_list(fn(*clone_args(args))))
+        return self._oracle[key]
 
-    @staticmethod
-    def _take(value, spec, axis: str, idx: torch.Tensor):
-        if isinstance(spec, TensorArg) and axis in spec.shape:
-            return value.index_select(spec.shape.index(axis), idx.to(value.device))
-        return value
 
-    def check(self, call: int, args: list, pristine: list, reply: dict) -> tuple[list[CheckResult], list[Violation]]:
-        spec, results, violations = self.spec, [], []
-        outs = [o.clone() if o is not None else None for o in reply["outputs"]]
-        for evidence in reply.get("aliases", []):
-            violations.append(Violation(rule="no_aliasing", evidence=evidence))
-        for k, (sub, tname) in enumerate(zip(reply["subclass"], reply["types"])):
-            if sub:
-                violations.append(Violation(rule="exact_tensor_type", evidence=f"output {k} is a {tname}, not torch.Tensor"))
-        if len(outs) != len(spec.outputs):
-            results.append(CheckResult(call=call, name="outputs:count", passed=False,
-                                       detail=f"returned {len(outs)} outputs ({reply.get('container')}), expected {len(spec.outputs)}"))
-            return results, violations
-        ref_outs, ref_state = self.expected(pristine)
-        samples: dict = {}
-        for k, (ospec, out) in enumerate(zip(spec.outputs, outs)):
-            if out is None:
-                results.append(CheckResult(call=call, name=f"{ospec.name}:structure", passed=False,
-                                           detail=f"{ospec.name} is {reply['types'][k]}, expected torch.Tensor"))
-                continue
-            st = checks.structure(call, ospec, out, self.wl)
-            results.append(st)
-            if not st.passed:
-                continue
-            results.append(checks.finite(call, ospec.name, out))
-            for tol in self.wl.checks_for(ospec.name, ospec.checks):
-                results.append(self._apply(call, ospec.name, ospec.shape, tol, out, ref_outs[k], k, pristine, args, outs, samples))
-        for i, (aspec, now) in enumerate(zip(spec.args, args)):
-            if not isinstance(aspec, TensorArg):
-                continue
-            if aspec.mutable:
-                for tol in self.wl.checks_for(aspec.name, spec.state_checks[aspec.name]):
-                    results.append(self._apply(call, f"state:{aspec.name}", aspec.shape, tol, now, ref_state[i], None, pristine, args, outs, samples))
-            else:
-                results.append(checks.untouched(call, aspec.name, now, pristine[i]))
+def _take(value, spec, axis: str, idx: torch.Tensor):
+    if isinstance(spec, TensorArg) and axis in spec.shape:
+        return value.index_select(spec.shape.index(axis), idx.to(value.device))
+    return value
+
+
+def check_reply(call: int, spec, wl: Workload, reference, args: list, expected: _Expected,
+                reply: dict) -> tuple[list[CheckResult], list[Violation]]:
+    """All checks of one call: structure, finiteness, tolerances, state updates, untouched inputs,
+    plus the integrity evidence the worker reported (aliases, tensor subclasses)."""
+    results, violations = [], []
+    outs = [o.clone() if o is not None else None for o in reply["outputs"]]
+    for evidence in reply.get("aliases", []):
+        violations.append(Violation(rule="no_aliasing", evidence=evidence))
+    for k, (sub, tname) in enumerate(zip(reply["subclass"], reply["types"])):
+        if sub:
+            violations.append(Violation(rule="exact_tensor_type", evidence=f"output {k} is a {tname}, not torch.Tensor"))
+    if len(outs) != len(spec.outputs):
+        results.append(CheckResult(call=call, name="outputs:count", passed=False,
+                                   detail=f"returned {len(outs)} outputs ({reply.get('container')}), expected {len(spec.outputs)}"))
         return results, violations
+    ref_outs, ref_state = expected.reference()
 
-    def _apply(self, call, name, shape, tol, out, ref_value, out_index, pristine, args, outs, samples) -> CheckResult:
-        dim_of = shape.index
-        if tol.against == "reference":
-            exp = ref_value
-        else:
-            key = (tol.sample.axis, tol.sample.count) if tol.sample else None
-            if key not in samples:
-                sample = None
-                if tol.sample:
-                    size = self.wl.axes[tol.sample.axis]
-                    gen = torch.Generator().manual_seed(secret_seed())
-                    sample = (tol.sample.axis, torch.randperm(size, generator=gen)[: tol.sample.count].sort().values)
-                samples[key] = (sample, self.oracle(pristine, sample))
-            sample, oracle_outs = samples[key]
+    def apply(name, shape, tol, out, ref_value, out_index) -> CheckResult:
+        exp = ref_value
+        if tol.against == "oracle":
             if out_index is None:
                 raise ValueError("oracle checks apply to outputs only")
+            sample, oracle_outs = expected.oracle(tol)
             exp = oracle_outs[out_index]
             if sample is not None:
-                out = out.index_select(dim_of(sample[0]), sample[1].to(out.device))
+                out = out.index_select(shape.index(sample[0]), sample[1].to(out.device))
         custom = None
         if tol.metric == "custom":
-            fn = getattr(self.ref, "check", None)
-            custom = (lambda: fn(pristine, outs)) if fn else None
-        return checks.compare(call, name, tol, out, exp, dim_of, custom)
+            fn = getattr(reference, "check", None)
+            custom = (lambda: fn(expected.pristine, outs)) if fn else None
+        return checks.compare(call, name, tol, out, exp, shape.index, custom)
+
+    for k, (ospec, out) in enumerate(zip(spec.outputs, outs)):
+        if out is None:
+            results.append(CheckResult(call=call, name=f"{ospec.name}:structure", passed=False,
+                                       detail=f"{ospec.name} is {reply['types'][k]}, expected torch.Tensor"))
+            continue
+        st = checks.structure(call, ospec, out, wl)
+        results.append(st)
+        if not st.passed:
+            continue
+        results.append(checks.finite(call, ospec.name, out))
+        for tol in wl.checks_for(ospec.name, ospec.checks):
+            results.append(apply(ospec.name, ospec.shape, tol, out, ref_outs[k], k))
+    for i, (aspec, now) in enumerate(zip(spec.args, args)):
+        if not isinstance(aspec, TensorArg):
+            continue
+        if aspec.mutable:
+            for tol in wl.checks_for(aspec.name, spec.state_checks[aspec.name]):
+                results.append(apply(f"state:{aspec.name}", aspec.shape, tol, now, ref_state[i], None))
+        else:
+            results.append(checks.untouched(call, aspec.name, now, expected.pristine[i]))
+    return results, violations
 
 
 def _status_of(checks_: list[CheckResult], violations: list[Violation]) -> tuple[Status, str]:
@@ -176,49 +184,68 @@ def _status_of(checks_: list[CheckResult], violations: list[Violation]) -> tuple
     return Status.OK, ""
 
 
-def run_workload(handle: WorkerHandle, task: Task, reference, workload: Workload, device: str,
-                 opts: Options) -> WorkloadResult:
-    """Check (``opts.check_calls`` calls), time, and re-check one solution on one workload.
+@dataclass
+class _RoleState:
+    checks: list = field(default_factory=list)
+    violations: list = field(default_factory=list)
+    timing: TimingStats | None = None
+    failure: tuple[Status, str] | None = None
 
-    Never raises for solution failures: they come back as the result's status and cause.
+
+def run_workload(handles: dict[str, WorkerHandle], task: Task, reference, workload: Workload, device: str,
+                 opts: Options) -> dict[str, WorkloadResult]:
+    """Check (``opts.check_calls`` calls), time, and re-check every solution in ``handles`` on one
+    workload. Each call's inputs and expected values are drawn and computed once and shared by
+    the solutions (each gets its own copy of the inputs); the order of ``handles`` is the order
+    in which the solutions run (alternate it between workloads to interleave).
+
+    Never raises for solution failures: they come back as each result's status and cause.
     """
     t0 = time.perf_counter()
-    checker = _Checker(task, reference, workload, device)
-    all_checks: list[CheckResult] = []
-    violations: list[Violation] = []
-    timing = None
+    st = {role: _RoleState() for role in handles}
+
+    def active() -> list[str]:
+        return [r for r in handles if st[r].failure is None]
 
     def one_call(call: int) -> None:
-        args = make_args(reference, task.spec, workload, secret_seed(), device)
-        pristine = clone_args(args)
-        reply = handle.request({"op": "call", "args": args})
-        c, v = checker.check(call, args, pristine, reply)
-        all_checks.extend(c)
-        violations.extend(v)
-
-    def done(status: Status, cause: str) -> WorkloadResult:
-        return WorkloadResult(workload=workload.id, status=status, cause=cause, checks=all_checks,
-                              violations=violations, timing=timing, correctness_only=workload.correctness_only,
-                              wall_s=time.perf_counter() - t0)
-
-    try:
-        for call in range(opts.check_calls):
-            one_call(call)
-            status, cause = _status_of(all_checks, violations)
+        pristine = make_args(reference, task.spec, workload, secret_seed(), device)
+        expected = _Expected(task, reference, workload, pristine)
+        for role in active():
+            args = clone_args(pristine)
+            try:
+                reply = handles[role].request({"op": "call", "args": args})
+            except WorkerFailure as f:
+                st[role].failure = (_status(f.status), f.cause)
+                continue
+            c, v = check_reply(call, task.spec, workload, reference, args, expected, reply)
+            st[role].checks.extend(c)
+            st[role].violations.extend(v)
+            status, cause = _status_of(st[role].checks, st[role].violations)
             if status is not Status.OK:
-                return done(status, cause)
-        if opts.time_solutions and not workload.correctness_only:
-            mode = "cpu" if device == "cpu" else task.spec.timing.mode
-            seeds = [secret_seed() for _ in range(256 if mode == "graph" else 2)]
-            reply = handle.request({"op": "time", "workload": workload.id, "seeds": seeds, "mode": mode,
-                                    "cpu_samples": opts.cpu_samples, "params": opts.timing_params})
-            from d2kbench.harness.results import TimingStats
+                st[role].failure = (status, cause)
 
-            timing = TimingStats.model_validate(reply["stats"])
-            one_call(opts.check_calls)  # re-check after the timing loop
-    except WorkerFailure as f:
-        return done(Status(f.status) if f.status in Status._value2member_map_ else Status.RUNTIME_ERROR, f.cause)
-    return done(*_status_of(all_checks, violations))
+    for call in range(opts.check_calls):
+        one_call(call)
+    if opts.time_solutions and not workload.correctness_only and active():
+        mode = "cpu" if device == "cpu" else task.spec.timing.mode
+        for role in active():
+            seeds = [secret_seed() for _ in range(256 if mode == "graph" else 2)]
+            try:
+                reply = handles[role].request({"op": "time", "workload": workload.id, "seeds": seeds, "mode": mode,
+                                               "cpu_samples": opts.cpu_samples, "params": opts.timing_params})
+                st[role].timing = TimingStats.model_validate(reply["stats"])
+            except WorkerFailure as f:
+                st[role].failure = (_status(f.status), f.cause)
+        one_call(opts.check_calls)  # re-check after the timing loop
+    wall = time.perf_counter() - t0
+    return {role: WorkloadResult(workload=workload.id, status=s.failure[0] if s.failure else Status.OK,
+                                 cause=s.failure[1] if s.failure else "", checks=s.checks, violations=s.violations,
+                                 timing=s.timing, correctness_only=workload.correctness_only, wall_s=wall)
+            for role, s in st.items()}
+
+
+def _status(value: str) -> Status:
+    return Status(value) if value in Status._value2member_map_ else Status.RUNTIME_ERROR
 
 
 def _new_handle(task: Task, path: Path, device: str, opts: Options, trusted: bool) -> WorkerHandle:
@@ -262,13 +289,27 @@ def evaluate(task: Task, solution: str | Path, workloads: list[Workload] | None 
     handles = {role: _new_handle(task, path, device, opts, trusted=(path == task.root / "reference.py"))
                for role, path, _ in roles}
     try:
+        say("starting workers")
+        for h in handles.values():  # spawn all workers first: their start-up overlaps
+            h.spawn()
+        for role, h in handles.items():
+            try:
+                h.wait_ready()
+            except WorkerFailure as f:  # import failed: every workload gets the same cause
+                runs[role].results = [WorkloadResult(workload=wl.id, status=_status(f.status), cause=f.cause,
+                                                     correctness_only=wl.correctness_only) for wl in workloads]
+                for r in runs[role].results:
+                    if store is not None:
+                        store.record(ev_id, task.id, runs[role], r, device, env, created)
+        live = {role: h for role, h in handles.items() if not runs[role].results}
         for n, wl in enumerate(workloads):
-            order = list(handles) if n % 2 == 0 else list(reversed(handles))
-            for role in order:
-                say(f"{wl.id}: {role} {runs[role].solution}")
-                result = run_workload(handles[role], task, reference, wl, device, opts)
+            order = list(live) if n % 2 == 0 else list(reversed(live))
+            say(f"{wl.id}: {' vs '.join(runs[r].solution for r in order)}")
+            results = run_workload({r: live[r] for r in order}, task, reference, wl, device, opts)
+            for role in live:
+                result = results[role]
                 if result.status.failed:
-                    handles[role].kill()  # a fresh worker for the next workload
+                    live[role].kill()  # a fresh worker for the next workload
                 runs[role].results.append(result)
                 if store is not None:
                     store.record(ev_id, task.id, runs[role], result, device, env, created)

@@ -49,6 +49,11 @@ class WorkerHandle:
         Raises:
             WorkerFailure: import failed (``compile_error``), crash or timeout.
         """
+        self.spawn()
+        self.wait_ready()
+
+    def spawn(self) -> None:
+        """Start the worker process without waiting for it (see :meth:`wait_ready`)."""
         ctx = tmp.get_context("spawn")
         self.conn, child = ctx.Pipe(duplex=True)
         self.proc = ctx.Process(
@@ -58,6 +63,13 @@ class WorkerHandle:
         )
         self.proc.start()
         child.close()
+
+    def wait_ready(self) -> None:
+        """Wait for the spawned worker's ``ready`` (it imported the solution).
+
+        Raises:
+            WorkerFailure: import failed (``compile_error``), crash or timeout.
+        """
         reply = self._recv(self.timeout_s, "start")
         if reply.get("kind") != "ready":
             self.kill()

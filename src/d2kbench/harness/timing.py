@@ -84,7 +84,7 @@ def time_cpu(call: Callable[[int], object], n_sets: int, samples: int, warmup: i
     return summarize(out, "cpu", input_sets=n_sets, warmup_calls=warmup)
 
 
-def _warmup_cuda(call: Callable[[int], object], n_sets: int, warmup_ms: float, min_calls: int = 2) -> tuple[int, float]:
+def _warmup_cuda(call: Callable[[int], object], n_sets: int, warmup_ms: float, min_calls: int = 1) -> tuple[int, float]:
     """Run calls until ``warmup_ms`` have passed (at least ``min_calls``); return (calls, est ms/call)."""
     import torch
 
@@ -105,7 +105,7 @@ def _warmup_cuda(call: Callable[[int], object], n_sets: int, warmup_ms: float, m
 
 
 def time_events(call: Callable[[int], object], n_sets: int, flush: Callable[[], None],
-                warmup_ms: float = 200.0, min_samples: int = MIN_SAMPLES,
+                warmup_ms: float = 100.0, min_samples: int = MIN_SAMPLES,
                 max_samples: int = MAX_SAMPLES, target_ms: float = TARGET_MS) -> TimingStats:
     """CUDA-event timing of single calls with an L2 flush (``flush()``) before each.
 
