@@ -38,6 +38,27 @@ MEASURED = {
 }
 
 
+#: The two ceiling tiers (research/timing_and_sol.md section 6.2): ``datasheet`` is the physical
+#: bound (a time under it is flagged); ``measured`` is what our machines reach in practice.
+TIERS = {"datasheet": DATASHEET, "measured": MEASURED}
+
+
+def ceilings(gpu: str, tier: str = "datasheet") -> Ceilings:
+    """The ceilings of ``gpu`` (a table key such as ``"H200"`` or a name such as ``"NVIDIA H200"``).
+
+    Raises:
+        ValueError: an unknown tier, or a GPU the tier's table has no row for (the message lists
+            the GPUs it knows; measured ceilings exist only where we measured them).
+    """
+    if tier not in TIERS:
+        raise ValueError(f"unknown ceiling tier {tier!r} (known: {', '.join(TIERS)})")
+    table = TIERS[tier]
+    key = gpu_key(gpu) or gpu
+    if key not in table:
+        raise ValueError(f"no {tier} ceilings for GPU {gpu!r} (known: {', '.join(table)})")
+    return table[key]
+
+
 def gpu_key(gpu_name: str | None) -> str | None:
     """``"NVIDIA H200"`` -> ``"H200"`` (None when no table knows the GPU)."""
     if not gpu_name:

@@ -121,7 +121,34 @@ class Store:
         self.conn.row_factory = sqlite3.Row
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.executescript(_SCHEMA)
+        self._add_columns()
         self.conn.commit()
+
+    #: Columns added to the agent tables after their first release (table, column, declaration),
+    #: added to older store files on open.
+    _ADDED_COLUMNS = (
+        ("runs", "run_key", "TEXT"),                      # identity of the planned run (attempts share it)
+        ("runs", "attempt", "INTEGER NOT NULL DEFAULT 1"),
+        ("runs", "exit_reason", "TEXT"),                  # completed | budget | timeout | agent_error | ...
+        ("runs", "error", "TEXT"),
+        ("runs", "cost_usd", "REAL"),                     # sum of turns.cost_usd (our price table)
+        ("runs", "cli_cost_usd", "REAL"),                 # the CLI's own total, where it reports one
+        ("runs", "summary_json", "TEXT NOT NULL DEFAULT '{}'"),
+        ("turns", "model", "TEXT"),
+        ("turns", "reasoning_tokens", "INTEGER NOT NULL DEFAULT 0"),
+        ("turns", "retries", "INTEGER NOT NULL DEFAULT 0"),  # failed attempts before this response
+        ("candidates", "status", "TEXT NOT NULL DEFAULT 'evaluated'"),  # evaluated | rejected | error
+        ("candidates", "note", "TEXT"),
+        ("verdicts", "backend", "TEXT"),                  # judge backend (openai, anthropic, codex, ...)
+        ("verdicts", "sample", "INTEGER NOT NULL DEFAULT 0"),  # sample index of repeated judging
+        ("verdicts", "status", "TEXT NOT NULL DEFAULT 'judged'"),  # judged | ineligible | no_design
+    )
+
+    def _add_columns(self) -> None:
+        for table, column, decl in self._ADDED_COLUMNS:
+            have = {r[1] for r in self.conn.execute(f"PRAGMA table_info({table})")}
+            if column not in have:
+                self.conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
 
     def record(self, eval_id: str, task: str, run: SolutionRun, result: WorkloadResult, device: str,
                env: dict, created_at: str) -> int:
@@ -162,5 +189,167 @@ class Store:
         row = self.conn.execute("SELECT env_json FROM evaluations WHERE eval_id = ?", (eval_id,)).fetchone()
         return json.loads(row["env_json"]) if row else {}
 
+    # Queries for scores and reports (d2kbench.report). A list filter matches any of its values;
+    # None means no filter.
+    def _select(self, table: str, filters: dict[str, list | None], order: str) -> list[sqlite3.Row]:
+        q, params = f"SELECT * FROM {table} WHERE 1=1", []
+        for column, values in filters.items():
+            if values is not None:
+                q += f" AND {column} IN (SELECT value FROM json_each(?))"
+                params.append(json.dumps(list(values)))
+        return list(self.conn.execute(q + f" ORDER BY {order}", params))
+
+    def run_rows(self, campaigns: list[str] | None = None, tasks: list[str] | None = None,
+                 models: list[str] | None = None, guidance: list[str] | None = None,
+                 seeds: list[int] | None = None, run_ids: list[str] | None = None) -> list[sqlite3.Row]:
+        """Agent runs matching the filters, by (task, model, guidance, run_id)."""
+        return self._select("runs", {"campaign": campaigns, "task": tasks, "model": models, "guidance": guidance,
+                                     "seed": seeds, "run_id": run_ids}, "task, model, guidance, run_id")
+
+    def candidate_rows(self, run_ids: list[str]) -> list[sqlite3.Row]:
+        """Candidates of these runs, by (run_id, turn, id)."""
+        return self._select("candidates", {"run_id": run_ids}, "run_id, turn, id")
+
+    def eval_rows(self, eval_ids: list[str]) -> list[sqlite3.Row]:
+        """Result rows of these evaluations, by id."""
+        return self._select("results", {"eval_id": eval_ids}, "id")
+
+    def solution_rows(self, solutions: list[str], tasks: list[str] | None = None) -> list[sqlite3.Row]:
+        """Result rows of solutions by name (e.g. ``reference``, ``expert``), by id."""
+        return self._select("results", {"solution": solutions, "task": tasks}, "id")
+
+    def evaluation_envs(self) -> dict[str, dict]:
+        """eval_id -> the environment record of every evaluation."""
+        return {r["eval_id"]: json.loads(r["env_json"]) for r in self.conn.execute("SELECT * FROM evaluations")}
+
+    def turn_rows(self, run_ids: list[str]) -> list[sqlite3.Row]:
+        """Per-turn token usage of these runs, by (run_id, turn)."""
+        return self._select("turns", {"run_id": run_ids}, "run_id, turn")
+
+    def verdict_rows(self, tasks: list[str] | None = None) -> list[sqlite3.Row]:
+        """Judge verdicts of these tasks, by id."""
+        return self._select("verdicts", {"task": tasks}, "id")
+
+    # ---- judge verdicts (d2kbench.judge) ---------------------------------------------------
+    def add_verdict(self, *, kind: str, task: str, target: str, model: str, backend: str, prompt_version: str,
+                    rubric_version: str, input_hash: str, l1: float, l2: float, l3: float, js: float,
+                    verdict: dict, sample: int = 0, status: str = "judged") -> int:
+        """Record one judge verdict (scores after verification); returns its id."""
+        with self.conn:
+            cur = self.conn.execute(
+                "INSERT INTO verdicts(kind, task, target, model, prompt_version, rubric_version, input_hash, l1, l2,"
+                " l3, js, verdict_json, created_at, backend, sample, status) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (kind, task, target, model, prompt_version, rubric_version, input_hash, l1, l2, l3, js,
+                 json.dumps(verdict, default=str), _now(), backend, sample, status))
+        return int(cur.lastrowid)
+
+    def verdicts_by_hash(self, input_hash: str) -> list[sqlite3.Row]:
+        """Verdicts recorded under one input hash, oldest first."""
+        return list(self.conn.execute("SELECT * FROM verdicts WHERE input_hash=? ORDER BY id", (input_hash,)))
+
+    # ---- agent runs (d2kbench.agents, d2kbench.campaign) ------------------------------------
+    def start_run(self, run_id: str, *, task: str, model: str, backend: str, guidance: str, seed: int,
+                  budget_turns: int, config: dict, campaign: str | None = None, run_key: str | None = None,
+                  attempt: int = 1) -> None:
+        """Insert a run with status ``running`` (replacing nothing: ``run_id`` must be new).
+
+        Raises:
+            sqlite3.IntegrityError: ``run_id`` exists already.
+        """
+        with self.conn:
+            self.conn.execute(
+                "INSERT INTO runs(run_id, campaign, task, model, backend, guidance, seed, budget_turns, status,"
+                " started_at, config_json, run_key, attempt) VALUES (?,?,?,?,?,?,?,?,'running',?,?,?,?)",
+                (run_id, campaign, task, model, backend, guidance, seed, budget_turns, _now(),
+                 json.dumps(config, default=str), run_key or run_id, attempt))
+
+    def finish_run(self, run_id: str, *, status: str, final_candidate: int | None = None,
+                   exit_reason: str | None = None, error: str | None = None, cost_usd: float | None = None,
+                   cli_cost_usd: float | None = None, summary: dict | None = None) -> None:
+        """Close a run: status ``finished``, ``failed`` or ``interrupted``, its final candidate and summary."""
+        with self.conn:
+            self.conn.execute(
+                "UPDATE runs SET status=?, finished_at=?, final_candidate=?, exit_reason=?, error=?, cost_usd=?,"
+                " cli_cost_usd=?, summary_json=? WHERE run_id=?",
+                (status, _now(), final_candidate, exit_reason, error, cost_usd, cli_cost_usd,
+                 json.dumps(summary or {}, default=str), run_id))
+
+    def mark_interrupted(self, run_ids: list[str], reason: str) -> None:
+        """Set runs left ``running`` by a dead process to ``interrupted`` (their rows stay)."""
+        with self.conn:
+            self.conn.executemany("UPDATE runs SET status='interrupted', finished_at=?, error=? "
+                                  "WHERE run_id=? AND status='running'", [(_now(), reason, r) for r in run_ids])
+
+    def add_turn(self, run_id: str, turn: int, *, input_tokens: int, output_tokens: int, cache_read: int,
+                 cache_write_5m: int, cache_write_1h: int, cost_usd: float, cli_cost_usd: float | None = None,
+                 model: str | None = None, reasoning_tokens: int = 0, retries: int = 0) -> None:
+        """Write (or rewrite) the usage and cost of one turn (one model response; 1-based)."""
+        with self.conn:
+            self.conn.execute(
+                "INSERT OR REPLACE INTO turns(run_id, turn, input_tokens, output_tokens, cache_read, cache_write_5m,"
+                " cache_write_1h, cost_usd, cli_cost_usd, created_at, model, reasoning_tokens, retries)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (run_id, turn, input_tokens, output_tokens, cache_read, cache_write_5m, cache_write_1h, cost_usd,
+                 cli_cost_usd, _now(), model, reasoning_tokens, retries))
+
+    def add_event(self, run_id: str, turn: int, kind: str, data: dict) -> int:
+        """Append one trajectory event; returns its sequence number (1-based, per run). Safe
+        across processes (the next number is taken inside a write transaction)."""
+        with self.conn:
+            self.conn.execute("BEGIN IMMEDIATE")
+            seq = self.conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE run_id=?",
+                                    (run_id,)).fetchone()[0]
+            self.conn.execute("INSERT INTO events(run_id, seq, turn, kind, data_json) VALUES (?,?,?,?,?)",
+                              (run_id, seq, turn, kind, json.dumps(data, default=str)))
+        return int(seq)
+
+    def add_candidate(self, run_id: str, *, turn: int, solution_sha256: str, path: str, eval_id: str | None,
+                      eligible: bool, geomean_speedup: float | None, status: str = "evaluated",
+                      note: str | None = None) -> int:
+        """Record one submission of a run and its evaluation; returns the candidate id."""
+        with self.conn:
+            cur = self.conn.execute(
+                "INSERT INTO candidates(run_id, turn, solution_sha256, path, eval_id, eligible, geomean_speedup,"
+                " created_at, status, note) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (run_id, turn, solution_sha256, path, eval_id, int(eligible), geomean_speedup, _now(), status, note))
+        return int(cur.lastrowid)
+
+    def run(self, run_id: str) -> sqlite3.Row | None:
+        """One run's row."""
+        return self.conn.execute("SELECT * FROM runs WHERE run_id=?", (run_id,)).fetchone()
+
+    def runs_of(self, *, campaign: str | None = None, run_key: str | None = None) -> list[sqlite3.Row]:
+        """Runs of a campaign and/or of one planned run key, oldest first."""
+        q, params = "SELECT * FROM runs WHERE 1=1", []
+        if campaign is not None:
+            q += " AND campaign=?"
+            params.append(campaign)
+        if run_key is not None:
+            q += " AND run_key=?"
+            params.append(run_key)
+        return list(self.conn.execute(q + " ORDER BY started_at, run_id", params))
+
+    def candidates_of(self, run_id: str) -> list[sqlite3.Row]:
+        """A run's candidates in submission order."""
+        return list(self.conn.execute("SELECT * FROM candidates WHERE run_id=? ORDER BY id", (run_id,)))
+
+    def turns_of(self, run_id: str) -> list[sqlite3.Row]:
+        """A run's turns in order."""
+        return list(self.conn.execute("SELECT * FROM turns WHERE run_id=? ORDER BY turn", (run_id,)))
+
+    def events_of(self, run_id: str, kind: str | None = None) -> list[sqlite3.Row]:
+        """A run's trajectory events in order, optionally of one kind."""
+        q, params = "SELECT * FROM events WHERE run_id=?", [run_id]
+        if kind:
+            q += " AND kind=?"
+            params.append(kind)
+        return list(self.conn.execute(q + " ORDER BY seq", params))
+
     def close(self) -> None:
         self.conn.close()
+
+
+def _now() -> str:
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,1 @@
+"""Reports: tables (Markdown, CSV), figures (PNG) and a static HTML page built from the results store."""
