@@ -31,24 +31,49 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class TensorArg(_Strict):
+class _PerWorkloadDtype:
+    """``dtype`` plus ``dtype_param``: the name of a workload parameter that, when a workload
+    sets it, overrides ``dtype`` on that workload (e.g. smoke workloads in float16 where the
+    registered ones are bfloat16, because the CPU interpreter has no bfloat16 arithmetic)."""
+
+    def dtype_for(self, workload: "Workload | None") -> str:
+        """The dtype name of this tensor on ``workload`` (``dtype`` unless ``dtype_param`` overrides it)."""
+        if workload is not None and self.dtype_param and self.dtype_param in workload.params:
+            return str(workload.params[self.dtype_param])
+        return self.dtype
+
+
+class TensorArg(_Strict, _PerWorkloadDtype):
     """One tensor argument of ``run``. ``shape`` names axes (or fixes sizes)."""
 
     name: str
     kind: Literal["tensor"]
     shape: list[str | int]
     dtype: Dtype
+    dtype_param: str | None = None
     layout: str = "contiguous"
     mutable: bool = False
     description: str = ""
 
 
 class ScalarArg(_Strict):
-    """One Python scalar argument of ``run`` (its value comes from the input generator)."""
+    """One Python scalar argument of ``run`` (its value comes from the input generator).
+
+    ``axis`` (int scalars only) binds the value to a workload axis of that name: the axis is
+    then a size like any tensor axis (usable in shapes, strides and SOL formulas, e.g. the
+    number of experts or a block size), and the harness checks that the value equals it.
+    """
 
     name: str
     kind: Literal["int", "float", "bool"]
+    axis: str | None = None
     description: str = ""
+
+    @model_validator(mode="after")
+    def _axis(self) -> "ScalarArg":
+        if self.axis is not None and (self.kind != "int" or not self.axis.isidentifier()):
+            raise ValueError(f"scalar {self.name!r}: 'axis' needs kind int and an identifier name")
+        return self
 
 
 class Sample(_Strict):
@@ -67,12 +92,17 @@ class Tolerance(_Strict):
       * ``allclose``: ``|out - exp| <= atol + rtol * |exp|`` elementwise; passes when the
         fraction of violating elements is <= ``max_mismatch`` (0 by default).
       * ``exact``: bitwise equality.
-      * ``custom``: the task reference's ``check(inputs, outputs)`` decides (non-unique outputs).
+      * ``ulp``: distance in representable values (units in the last place of the output's
+        dtype; plain difference for integers): every element within ``max`` of the expected
+        value, and the fraction of elements that differ at all <= ``max_mismatch`` (FP8 codes
+        that may flip by one at rounding boundaries, integer outputs off by one, ...).
+      * ``custom``: the task reference's ``check(inputs, outputs)`` decides (non-unique outputs);
+        a ``check`` that accepts an ``output`` keyword is told which output is being checked.
     against: ``reference`` (the native-precision ``run``) or ``oracle`` (``reference.oracle``).
     """
 
     against: Literal["reference", "oracle"] = "reference"
-    metric: Literal["rel_fro", "allclose", "exact", "custom"]
+    metric: Literal["rel_fro", "allclose", "exact", "ulp", "custom"]
     slice_dims: list[str] = []
     max: float | None = None
     atol: float | None = None
@@ -87,23 +117,38 @@ class Tolerance(_Strict):
             raise ValueError("metric rel_fro needs 'max'")
         if self.metric == "allclose" and (self.atol is None or self.rtol is None):
             raise ValueError("metric allclose needs 'atol' and 'rtol'")
+        if self.metric == "ulp" and (self.max is None or self.max < 0 or self.max != int(self.max)):
+            raise ValueError("metric ulp needs 'max', a whole number of units >= 0")
         if not self.rationale.strip():
             raise ValueError("a tolerance needs a one-line rationale")
         return self
 
 
-class OutputSpec(_Strict):
-    """One output of ``run`` (in order), with the checks it must pass."""
+class OutputSpec(_Strict, _PerWorkloadDtype):
+    """One output of ``run`` (in order), with the checks it must pass.
+
+    ``shape`` entries are axis names, fixed sizes or formulas of the axes (``"T * k + E"``).
+    ``strides``, when given, is the required memory layout: one element stride per dimension
+    (ints or formulas of the axes), checked on every returned tensor (dimensions of size 1 are
+    exempt); a workload may override it (``Workload.strides``). Without it any layout passes.
+    """
 
     name: str
     shape: list[str | int]
     dtype: Dtype
+    dtype_param: str | None = None
+    strides: list[str | int] | None = None
     checks: list[Tolerance] = Field(min_length=1)
     description: str = ""
 
 
 class Workload(_Strict):
-    """A registered (or smoke, or adversarial) input configuration."""
+    """A registered (or smoke, or adversarial) input configuration.
+
+    ``checks`` and ``strides`` override an output's checks and required layout on this
+    workload; ``timing`` overrides the task's timing (e.g. CUDA graphs for a short call of a
+    task whose other workloads run long enough for events).
+    """
 
     id: str
     axes: dict[str, int]
@@ -111,6 +156,8 @@ class Workload(_Strict):
     source: str = ""
     correctness_only: bool = False
     checks: dict[str, list[Tolerance]] = {}
+    strides: dict[str, list[str | int]] = {}
+    timing: "Timing | None" = None
 
     def checks_for(self, name: str, default: list[Tolerance]) -> list[Tolerance]:
         """The checks of output (or mutable argument) ``name`` on this workload."""
@@ -148,18 +195,27 @@ class SolSpec(_Strict):
     """Speed-of-light counts: the reference algorithm's work plus lower-work variants.
 
     ``floor`` names the variant whose time is the roofline floor (the least work any known
-    design needs); a measured time under it is physically implausible.
+    design needs); a measured time under it is physically implausible. ``solution_work`` maps
+    the task's own solutions (``expert``, ...) to the work model they implement.
     """
 
     reference: WorkCounts
     variants: dict[str, WorkCounts] = {}
     floor: str = "reference"
+    solution_work: dict[str, str] = {}
 
     @model_validator(mode="after")
     def _floor(self) -> "SolSpec":
-        if self.floor != "reference" and self.floor not in self.variants:
-            raise ValueError(f"floor {self.floor!r} is neither 'reference' nor a variant")
+        for name in [self.floor, *self.solution_work.values()]:
+            if name != "reference" and name not in self.variants:
+                raise ValueError(f"work model {name!r} is neither 'reference' nor a variant")
         return self
+
+    def work_of(self, solution: str) -> tuple[str, WorkCounts]:
+        """The work model (name, counts) a task's own solution implements (default: reference),
+        used to report its achieved TFLOP/s and TB/s."""
+        name = self.solution_work.get(solution, "reference")
+        return name, self.counts(name)
 
     def counts(self, name: str) -> WorkCounts:
         return self.reference if name == "reference" else self.variants[name]
@@ -173,6 +229,25 @@ class Forbidden(_Strict):
     note: str = ""
 
 
+def is_axis_name(dim: str | int) -> bool:
+    """A shape entry that names an axis (an identifier), as opposed to a size or a formula."""
+    return isinstance(dim, str) and dim.isidentifier()
+
+
+def _check_dims(dims: list, axes: set[str], where: str, rank: int | None = None) -> None:
+    """Shape or stride entries: ints >= 0, axis names, or formulas over ``axes``."""
+    if rank is not None and len(dims) != rank:
+        raise ValueError(f"{where}: {len(dims)} entries for {rank} dimensions")
+    for d in dims:
+        if isinstance(d, int):
+            if d < 0:
+                raise ValueError(f"{where}: negative size {d}")
+        elif not is_axis_name(d):
+            unknown = formula_names(d) - axes
+            if unknown:
+                raise ValueError(f"{where}: formula {d!r} uses unknown axes {sorted(unknown)}")
+
+
 class TaskSpec(_Strict):
     """``task.yaml``: the single source of truth of one task."""
 
@@ -184,7 +259,7 @@ class TaskSpec(_Strict):
     origin: list[str] = Field(min_length=1)
     description: str
     args: list[Annotated[TensorArg | ScalarArg, Field(discriminator="kind")]] = Field(min_length=1)
-    outputs: list[OutputSpec] = Field(min_length=1)
+    outputs: list[OutputSpec] = []  # empty only for an in-place operator (mutable args): run returns None or ()
     state_checks: dict[str, list[Tolerance]] = {}
     workloads: list[Workload] = Field(min_length=1)
     smoke_workloads: list[Workload] = Field(min_length=1)
@@ -206,11 +281,16 @@ class TaskSpec(_Strict):
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"duplicate argument/output names: {sorted(dup)}")
-        axes = {ax for a in self.args if isinstance(a, TensorArg) for ax in a.shape if isinstance(ax, str)}
+        axes = self.axis_names()
+        for a in self.tensor_args():
+            _check_dims(a.shape, axes, f"argument {a.name!r} shape")
         for o in self.outputs:
             for ax in o.shape:
-                if isinstance(ax, str) and ax not in axes:
+                if is_axis_name(ax) and ax not in axes:
                     raise ValueError(f"output {o.name!r} uses axis {ax!r} that no tensor argument has")
+            _check_dims(o.shape, axes, f"output {o.name!r} shape")
+            if o.strides is not None:
+                _check_dims(o.strides, axes, f"output {o.name!r} strides", len(o.shape))
             for t in o.checks:
                 self._check_axes(t, o.shape, f"output {o.name!r}")
         mutable = {a.name: a for a in self.args if isinstance(a, TensorArg) and a.mutable}
@@ -222,6 +302,13 @@ class TaskSpec(_Strict):
         missing = set(mutable) - set(self.state_checks)
         if missing:
             raise ValueError(f"mutable arguments without state_checks: {sorted(missing)}")
+        if not self.outputs and not mutable:
+            raise ValueError("a task needs outputs, or mutable arguments (an in-place operator)")
+        for t in [a for a in self.args if isinstance(a, TensorArg)] + list(self.outputs):
+            for w in self.all_workloads() if t.dtype_param else []:
+                if t.dtype_param in w.params and w.params[t.dtype_param] not in DTYPES:
+                    raise ValueError(f"workload {w.id!r} sets {t.dtype_param}={w.params[t.dtype_param]!r} "
+                                     f"(dtype of {t.name!r}), not one of {DTYPES}")
         ids = [w.id for w in self.all_workloads()]
         dup = {i for i in ids if ids.count(i) > 1}
         if dup:
@@ -237,6 +324,11 @@ class TaskSpec(_Strict):
                 raise ValueError(
                     f"workload {w.id!r} gives axes {sorted(w.axes)}, the arguments use {sorted(axes)}"
                 )
+            shapes = {o.name: o.shape for o in self.outputs}
+            for name, strides in w.strides.items():
+                if name not in shapes:
+                    raise ValueError(f"workload {w.id!r} overrides strides of unknown output {name!r}")
+                _check_dims(strides, axes, f"workload {w.id!r} strides of {name!r}", len(shapes[name]))
         for name in ("reference", *self.sol.variants):
             c = self.sol.counts(name)
             for field in ("tc_flops", "fp32_flops", "bytes"):
@@ -253,6 +345,20 @@ class TaskSpec(_Strict):
 
     def all_workloads(self) -> list[Workload]:
         return [*self.workloads, *self.smoke_workloads]
+
+    def axis_names(self) -> set[str]:
+        """Every axis a workload must give: axis names in tensor-argument shapes, plus the axes
+        that int scalar arguments are bound to (``ScalarArg.axis``)."""
+        axes = {ax for a in self.tensor_args() for ax in a.shape if is_axis_name(ax)}
+        return axes | {a.axis for a in self.args if isinstance(a, ScalarArg) and a.axis}
+
+    def timing_for(self, workload: Workload) -> Timing:
+        """The timing of ``workload``: its own override, else the task's."""
+        return workload.timing or self.timing
+
+    def strides_for(self, output: OutputSpec, workload: Workload) -> list[str | int] | None:
+        """The required strides of ``output`` on ``workload`` (None: any layout)."""
+        return workload.strides.get(output.name, output.strides)
 
     def workload(self, wid: str) -> Workload:
         for w in self.all_workloads():
@@ -320,6 +426,7 @@ class RubricProperty(_Strict):
     removes: str
     guidance: list[str] = []
     partial: str = ""
+    expert: str = ""  # where and how solutions/expert.py realises it (the rubric's fit to the expert)
 
 
 class RubricLevel(_Strict):

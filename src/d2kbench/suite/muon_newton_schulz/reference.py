@@ -66,7 +66,10 @@ def make_inputs(workload: dict, seed: int, device: str | torch.device) -> dict:
     return {"G": G.to(torch.bfloat16).contiguous(), "steps": NUM_STEPS}
 
 
-def _polar_express(G: torch.Tensor, steps: int, dtype: torch.dtype, out_dtype: torch.dtype) -> torch.Tensor:
+def _polar_express(G: torch.Tensor, steps: int, dtype: torch.dtype, out_dtype: torch.dtype,
+                   coeffs=POLAR_EXPRESS_COEFFS, norm_dims: tuple[int, ...] = (-2, -1),
+                   norm_scale: float = NORM_SCALE) -> torch.Tensor:
+    """The map with its knobs exposed (``calibration.py`` builds wrong variants from them)."""
     if steps != NUM_STEPS:
         raise ValueError(f"steps must equal {NUM_STEPS} (got {steps})")
     if G.dim() != 3:
@@ -75,8 +78,9 @@ def _polar_express(G: torch.Tensor, steps: int, dtype: torch.dtype, out_dtype: t
     X = G.mT if tall else G
     norm_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     X = X.to(norm_dtype)
-    X = (X / (torch.linalg.matrix_norm(X, keepdim=True) * NORM_SCALE + NORM_EPS)).to(dtype)
-    for a, b, c in POLAR_EXPRESS_COEFFS:
+    norm = torch.linalg.vector_norm(X, dim=norm_dims, keepdim=True)
+    X = (X / (norm * norm_scale + NORM_EPS)).to(dtype)
+    for a, b, c in coeffs:
         A = X @ X.mT
         Bk = b * A + c * (A @ A)
         X = a * X + Bk @ X
