@@ -329,8 +329,8 @@ class MuonConfig:
     state_mode: str = "last_full"
 
 
-#: Per-shape configs for the H200 (sm_90), keyed by (m, n) of the wide iterate.  Chosen from
-#: a per-kernel sweep on the H200 (devtools/muon_expert_gpu.py --micro): 128x128x64 triangle
+#: Per-shape configs for the H200 (sm_90), keyed by (m, n) of the wide iterate, chosen per
+#: kernel on the H200 (devtools/muon_expert_gpu.py --micro): 128x128x64 triangle
 #: tiles, one warpgroup (two for X X^T at 2048 and 7168), 4 stages (5 for X X^T at 2048)
 #: for the symmetric products; 128x256x64, 8 warps, 3 stages for the commits.
 _H200_DEFAULT = MuonConfig()
@@ -544,10 +544,9 @@ def _accumulate_state(P: torch.Tensor, Q: torch.Tensor, cfg: MuonConfig, last: b
     part of the computed product carries real information.  Mirroring (or averaging) that
     one product roughly triples the error on ill-conditioned inputs, while mirroring the
     earlier state products changes nothing measurable (FP16 emulation, m = 256..512).
-    Measured on the H200 (FP64-oracle relative error, 2 matrices; all-symmetric vs this
-    default): ill_conditioned 0.068 vs 0.026 at 2048 x 5464 and 0.044 vs 0.014 at
-    7168 x 18432; low_rank_noise 0.091 vs 0.064; gaussian 2.1e-3 either way.  So the last
-    one is a full square GEMM (+0.5 units of ``2 m^3``, ~2% of the time); ``cfg.state_mode``
+    On the H200 the all-symmetric variant was clearly less accurate on the ill-conditioned
+    adversarial inputs and no different on gaussian ones (devtools/muon_expert_gpu.py). So the
+    last one is a full square GEMM (+0.5 units of ``2 m^3``); ``cfg.state_mode``
     = "sym" / "full" makes all of them symmetric / full."""
     full = cfg.state_mode == "full" or (cfg.state_mode == "last_full" and last)
     if full:

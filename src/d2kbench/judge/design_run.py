@@ -1,0 +1,260 @@
+"""Independent design runs (SPEC.md section 4): ``d2k design TASK --model M --backend B``.
+
+The agent gets the task's shared files only: ``task.yaml``, ``reference.py`` and
+``requirements.md`` (no guidance, no template, no code, no tool that runs anything). Its one
+tool is ``submit_design``, whose arguments are the design (``model_design.json``, schema
+:class:`d2kbench.judge.design_schema.ModelDesign`, published under ``judge/schemas/``). A
+submission that fails the schema or its cross-references is answered with the list of
+problems as the tool result, so the agent can fix them within its turn budget; the first
+accepted submission ends the run. A response without a tool call gets a reminder (it still
+counts as a turn). Turn = one model response; the harness enforces the budget itself.
+
+The run is stored like agent runs (``runs`` with ``guidance='design'``, ``turns`` with usage
+and cost, ``events`` with the trajectory); the accepted design is in the run's
+``summary_json["design"]`` and in ``<runs_dir>/<run_id>/model_design.json``.
+
+Only API backends (``openai``, ``anthropic``) are supported: the Claude Code and Codex CLIs
+bring their own shell and file tools, which a design run must not offer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import traceback
+from pathlib import Path
+from typing import Callable
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from d2kbench.judge.design_schema import SCHEMA_VERSION, ModelDesign, validate_design
+from d2kbench.judge.jsonschemas import provider_schema
+from d2kbench.judge.prompts import load_prompt, prompt_version
+
+#: Guidance label of design runs in the ``runs`` table.
+DESIGN_GUIDANCE = "design"
+#: Default turn budget of a design run (model responses).
+DEFAULT_DESIGN_BUDGET = 20
+#: The shared task files a design agent reads (no template: it writes no code).
+DESIGN_FILES = ("task.yaml", "reference.py", "requirements.md")
+#: Backends a design run can use (the harness must own the only tool).
+DESIGN_BACKENDS = ("openai", "anthropic")
+SUBMIT_TOOL = "submit_design"
+NUDGE = (f"You have not submitted a design yet. Call the `{SUBMIT_TOOL}` tool with your model_design.json "
+         "as its arguments; that is the only way to deliver the design.")
+
+
+class DesignRunSpec(BaseModel):
+    """One design run. Every field but ``campaign`` is part of its identity (:meth:`key`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    task: str
+    model: str
+    backend: str
+    seed: int = 0
+    budget_turns: int = Field(default=DEFAULT_DESIGN_BUDGET, ge=1)
+    base_url: str | None = None
+    backend_options: dict = Field(default_factory=dict)
+    max_tokens: int = Field(default=16384, ge=256)
+    campaign: str | None = None
+
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, v: str) -> str:
+        if v not in DESIGN_BACKENDS:
+            raise ValueError(f"design runs need an API backend ({', '.join(DESIGN_BACKENDS)}); {v!r} is not one "
+                             "(agent CLIs bring shell and file tools that a design run must not offer)")
+        return v
+
+    def key(self) -> str:
+        """A stable 16-hex-digit identity (its attempts share it)."""
+        ident = {**self.model_dump(mode="json", exclude={"campaign"}), "guidance": DESIGN_GUIDANCE}
+        return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class DesignRunOutcome(BaseModel):
+    """How a design run ended, as the store has it."""
+
+    run_id: str
+    status: str
+    exit_reason: str | None = None
+    error: str | None = None
+    turns: int = 0
+    submissions: int = 0
+    accepted: bool = False
+    design_path: str | None = None
+    cost_usd: float = 0.0
+
+
+def submit_tool() -> dict:
+    """The ``submit_design`` tool (neutral format): its parameters are the design schema."""
+    return {"name": SUBMIT_TOOL,
+            "description": ("Submit your design document (model_design.json). The arguments ARE the document. "
+                            "Returns 'accepted', or the list of problems to fix before submitting again."),
+            "parameters": provider_schema(ModelDesign)}
+
+
+def shared_files_text(task) -> str:
+    """The shared task files as Markdown sections with fenced contents."""
+    parts = []
+    for name in DESIGN_FILES:
+        body = (task.root / name).read_text().rstrip("\n")
+        lang = {"yaml": "yaml", "py": "python", "md": "markdown"}[name.rsplit(".", 1)[1]]
+        parts.append(f"### {name}\n\n````{lang}\n{body}\n````")
+    return "\n\n".join(parts)
+
+
+def design_prompts(task, budget_turns: int) -> tuple[str, str, str]:
+    """``(system, first user message, prompt version)`` of a design run on ``task``."""
+    from d2kbench.agents.workspace import TARGET_GPU
+
+    system_p, task_p = load_prompt("design_agent_system"), load_prompt("design_agent_task")
+    system = system_p.render(target_gpu=TARGET_GPU, budget_turns=budget_turns)
+    user = task_p.render(task_id=task.id, task_title=task.spec.title, files=shared_files_text(task))
+    return system, user, prompt_version(system_p, task_p)
+
+
+def _rejection(problems: list[str]) -> str:
+    shown = problems[:40]
+    more = f"\n- ... and {len(problems) - len(shown)} more" if len(problems) > len(shown) else ""
+    n = len(problems)
+    return (f"The design was NOT accepted: {n} problem{'s' if n != 1 else ''}.\n"
+            + "\n".join(f"- {p}" for p in shown) + more
+            + f"\nFix them and call {SUBMIT_TOOL} again with the complete document.")
+
+
+def run_design(spec: DesignRunSpec, *, store_path: str | Path, runs_root: str | Path = "runs",
+               attempt: int | None = None, backend=None,
+               progress: Callable[[str], None] | None = None) -> DesignRunOutcome:
+    """Run one independent design session to its end and record it.
+
+    Args:
+        spec: the run.
+        store_path: the SQLite store.
+        runs_root: where run directories go (``<runs_root>/<run_id>/model_design.json``).
+        attempt: attempt number (default: one more than the stored attempts of this spec).
+        backend: an already constructed backend (default: ``get_backend`` from the spec).
+        progress: called with short status lines.
+
+    Returns:
+        The outcome; the run row is ``finished`` (``completed``: a design was accepted;
+        ``budget``: none within the budget) or ``failed`` (provider or harness error).
+    """
+    from d2kbench.agents.backends import BackendError, MalformedOutputError, get_backend
+    from d2kbench.agents.pricing import load_prices
+    from d2kbench.agents.recording import RunRecorder, task_leak_paths
+    from d2kbench.store import Store
+    from d2kbench.tasks import load_task
+
+    say = progress or (lambda _m: None)
+    store = Store(store_path)
+    key = spec.key()
+    attempt = attempt or len(store.runs_of(run_key=key)) + 1
+    run_id = f"{key}-a{attempt}"
+    run_dir = Path(runs_root).resolve() / run_id
+    task = load_task(spec.task)
+    system, user, version = design_prompts(task, spec.budget_turns)
+    tool = submit_tool()
+    store.start_run(run_id, task=spec.task, model=spec.model, backend=spec.backend, guidance=DESIGN_GUIDANCE,
+                    seed=spec.seed, budget_turns=spec.budget_turns, campaign=spec.campaign, run_key=key,
+                    attempt=attempt, config={**spec.model_dump(mode="json"), "run_dir": str(run_dir),
+                                             "prompt_version": version, "design_schema_version": SCHEMA_VERSION,
+                                             "tool_schema_sha256": hashlib.sha256(
+                                                 json.dumps(tool, sort_keys=True).encode()).hexdigest()})
+    try:
+        prices = load_prices()
+    except (FileNotFoundError, ValueError) as e:
+        prices = None
+        store.add_event(run_id, 0, "error", {"kind": "prices", "message": str(e)})
+    rec = RunRecorder(store, run_id, prices, task_leak_paths(task.root))
+    status, exit_reason, error = "failed", None, None
+    design: dict | None = None
+    submissions, rejected, turn, malformed = 0, 0, 0, 0
+    messages: list[dict] = [{"role": "user", "content": user}]
+    rec.event(0, "message", {"role": "user", "content": user})
+    say(f"design run {run_id}: {spec.task} | {spec.model} ({spec.backend}), budget {spec.budget_turns} turns")
+    try:
+        if backend is None:
+            backend = get_backend(spec.backend, spec.model, spec.base_url, **spec.backend_options)
+        while design is None:
+            if turn >= spec.budget_turns:
+                exit_reason = "budget"
+                break
+            try:
+                comp = backend.complete(messages, system=system, tools=[tool], max_tokens=spec.max_tokens)
+            except MalformedOutputError as e:
+                malformed += 1
+                rec.event(turn, "error", {"kind": "malformed", "message": str(e), "attempt": malformed})
+                if malformed >= 3:
+                    exit_reason, error = "provider_error", f"{malformed} malformed responses in a row; last: {e}"
+                    break
+                continue
+            malformed = 0
+            turn += 1
+            rec.turn(turn, comp.usage, comp.model or spec.model, retries=comp.retries)
+            messages.append(comp.message())
+            rec.event(turn, "message", {"role": "assistant", "content": comp.text, "stop_reason": comp.stop_reason,
+                                        "tool_calls": [tc.model_dump(exclude_none=True) for tc in comp.tool_calls]})
+            if not comp.tool_calls:
+                messages.append({"role": "user", "content": NUDGE})
+                rec.event(turn, "message", {"role": "user", "content": NUDGE})
+                say(f"turn {turn}: no submission")
+                continue
+            for tc in comp.tool_calls:
+                rec.event(turn, "tool_call", tc.model_dump(exclude_none=True))
+                is_error = True
+                if tc.arguments_error:
+                    text = f"error: {tc.arguments_error}. Call {SUBMIT_TOOL} again with a JSON object."
+                elif tc.name != SUBMIT_TOOL:
+                    text = f"unknown tool {tc.name!r}: the only tool of this session is {SUBMIT_TOOL}"
+                elif design is not None:
+                    text = "A design was already accepted in this response; this call is ignored."
+                else:
+                    submissions += 1
+                    _, problems = validate_design(tc.arguments, spec.task)
+                    if problems:
+                        rejected += 1
+                        text = _rejection(problems)
+                        rec.event(turn, "design_rejected", {"submission": submissions, "problems": problems})
+                        say(f"turn {turn}: submission {submissions} rejected ({len(problems)} problem"
+                            f"{'s' if len(problems) != 1 else ''})")
+                    else:
+                        design, is_error = dict(tc.arguments), False
+                        text = "Design accepted. The session is over."
+                        rec.event(turn, "design_accepted", {"submission": submissions})
+                        say(f"turn {turn}: submission {submissions} accepted")
+                messages.append({"role": "tool", "tool_call_id": tc.id, "content": text, "is_error": is_error})
+                rec.event(turn, "tool_result", {"tool_call_id": tc.id, "name": tc.name, "ok": not is_error,
+                                                "content": text[:4000]})
+        if design is not None:
+            exit_reason = "completed"
+        status = "finished" if exit_reason in ("completed", "budget") else "failed"
+    except BackendError as e:
+        exit_reason, error = ("config_error" if e.kind == "config" else "provider_error"), str(e)
+        store.add_event(run_id, turn, "error", {"kind": e.kind, "message": str(e)})
+    except Exception as e:  # noqa: BLE001 - recorded, never lost
+        exit_reason, error = "harness_error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=6)}"
+        store.add_event(run_id, turn, "error", {"kind": "harness", "message": error})
+    finally:
+        if backend is not None:
+            backend.close()
+    design_path = None
+    if design is not None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        design_path = run_dir / "model_design.json"
+        design_path.write_text(json.dumps(design, indent=2, ensure_ascii=False) + "\n")
+    rec.finalize_totals()
+    from d2kbench.judge.targets import design_sha256
+
+    summary = {"design": design, "design_sha256": design_sha256(design) if design else None,
+               "design_path": str(design_path) if design_path else None, "submissions": submissions,
+               "rejected_submissions": rejected, "turns": rec.turns, "usage": rec.usage.model_dump(),
+               "unpriced_models": sorted(rec.unpriced), "prompt_version": version}
+    store.finish_run(run_id, status=status, exit_reason=exit_reason, error=error, cost_usd=rec.cost_usd,
+                     summary=summary)
+    store.close()
+    say(f"design run {run_id}: {status} ({exit_reason}); {submissions} submissions, "
+        f"{'accepted' if design else 'no accepted design'}; cost ${rec.cost_usd:.4f}")
+    return DesignRunOutcome(run_id=run_id, status=status, exit_reason=exit_reason, error=error, turns=rec.turns,
+                            submissions=submissions, accepted=design is not None,
+                            design_path=str(design_path) if design_path else None, cost_usd=rec.cost_usd)
