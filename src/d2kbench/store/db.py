@@ -148,7 +148,11 @@ class Store:
         for table, column, decl in self._ADDED_COLUMNS:
             have = {r[1] for r in self.conn.execute(f"PRAGMA table_info({table})")}
             if column not in have:
-                self.conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+                try:
+                    self.conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+                except sqlite3.OperationalError as e:  # another process added it first
+                    if "duplicate column" not in str(e):
+                        raise
 
     def record(self, eval_id: str, task: str, run: SolutionRun, result: WorkloadResult, device: str,
                env: dict, created_at: str) -> int:
@@ -246,6 +250,11 @@ class Store:
     def verdicts_by_hash(self, input_hash: str) -> list[sqlite3.Row]:
         """Verdicts recorded under one input hash, oldest first."""
         return list(self.conn.execute("SELECT * FROM verdicts WHERE input_hash=? ORDER BY id", (input_hash,)))
+
+    def runs_with_prefix(self, prefix: str) -> list[sqlite3.Row]:
+        """Runs whose id starts with ``prefix`` (taken literally), by id."""
+        return list(self.conn.execute("SELECT * FROM runs WHERE substr(run_id, 1, ?) = ? ORDER BY run_id",
+                                      (len(prefix), prefix)))
 
     # ---- agent runs (d2kbench.agents, d2kbench.campaign) ------------------------------------
     def start_run(self, run_id: str, *, task: str, model: str, backend: str, guidance: str, seed: int,

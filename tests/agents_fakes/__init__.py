@@ -1,0 +1,1 @@
+"""Scripted agents for the agent / campaign tests: fake-provider scripts and small solutions."""
