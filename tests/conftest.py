@@ -20,12 +20,18 @@ def muon():
 
 @pytest.fixture(scope="session")
 def evaluate_cpu(muon):
-    """Evaluate a solution on one small smoke workload on the CPU, without a baseline."""
+    """Evaluate a solution on one small smoke workload (CPU by default), without a baseline.
 
-    def run(solution, workload="smoke_wide_2x32x96", timeout_s=60.0, baseline=None, store=None, device="cpu", **opts):
+    The test solutions here target one correctness check each and import the task's own
+    straightforward kernels, which the integrity rules forbid; so integrity is off unless a
+    test asks for it (the integrity suite tests those rules with its own evil solutions).
+    """
+
+    def run(solution, workload="smoke_wide_2x32x96", timeout_s=60.0, baseline=None, store=None, device="cpu",
+            integrity=False, **opts):
         path = SOLUTIONS / "muon" / f"{solution}.py" if not str(solution) in muon.solutions() else solution
         return evaluate(muon, path, [muon.spec.workload(workload)], device, baseline, store=store,
-                        options=Options(timeout_s=timeout_s, **opts))
+                        options=Options(timeout_s=timeout_s, integrity=integrity, **opts))
 
     return run
 

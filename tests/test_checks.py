@@ -111,3 +111,16 @@ def test_time_cpu_cycles_input_sets():
     seen = []
     stats = time_cpu(seen.append, n_sets=2, samples=4, warmup=1)
     assert seen == [0, 0, 1, 0, 1] and stats.n == 4 and stats.mode == "cpu"
+
+
+def test_rel_fro_in_chunks_equals_one_pass(monkeypatch):
+    x = torch.randn(5, 33, 17, dtype=torch.float64)
+    y = x + 0.01 * torch.randn(5, 33, 17, dtype=torch.float64)
+    whole = (checks.rel_fro(x, y, [1, 2]), checks.rel_fro(x, y, []))
+    monkeypatch.setattr(checks, "_CHUNK_ELEMS", 10)  # rows and columns both split
+    chunked = (checks.rel_fro(x, y, [1, 2]), checks.rel_fro(x, y, []))
+    assert chunked[0][1] == whole[0][1] and chunked[0][0] == pytest.approx(whole[0][0], rel=1e-12)
+    assert chunked[1][0] == pytest.approx(whole[1][0], rel=1e-12)
+    t = tol(metric="allclose", atol=0.005, rtol=0.0)
+    assert checks.compare(0, "o", t, x, y, [0, 1, 2].index).error == pytest.approx(
+        float(((x - y).abs() > 0.005).sum()) / x.numel())

@@ -83,7 +83,7 @@ def test_crash_on_one_workload_does_not_stop_the_next(muon, tmp_path):
         "    return sf.run(G, steps)\n"
     )
     wls = [muon.spec.workload("smoke_tall_1x64x48"), muon.spec.workload("smoke_wide_2x32x96")]
-    ev = evaluate(muon, sol, wls, "cpu", None, options=Options(timeout_s=60, time_solutions=False))
+    ev = evaluate(muon, sol, wls, "cpu", None, options=Options(timeout_s=60, time_solutions=False, integrity=False))
     assert [r.status for r in ev.candidate.results] == [Status.RUNTIME_ERROR, Status.OK]
     assert "SIGKILL" in ev.candidate.results[0].cause
 
@@ -111,3 +111,53 @@ def test_baseline_still_measured_when_candidate_fails(evaluate_cpu):
     base = ev.baseline.results[0]
     assert base.status is Status.OK and base.timing is not None
     assert ev.scores[0].speedup is None and ev.geomean_speedup is None
+
+
+def test_killed_evaluation_keeps_recorded_rows(tmp_path):
+    """SIGKILL an evaluating process (and its workers) midway: rows already written survive intact."""
+    import os
+    import signal
+    import sqlite3
+    import subprocess
+    import sys
+    import time
+
+    sol = tmp_path / "hang_on_tall.py"
+    sol.write_text(
+        "import time\n"
+        "from d2kbench.suite.muon_newton_schulz.solutions import straightforward as sf\n"
+        "def run(G, steps=5):\n"
+        "    if G.shape[1] > G.shape[2]:\n"
+        "        time.sleep(3600)\n"
+        "    return sf.run(G, steps)\n"
+    )
+    db = tmp_path / "s.sqlite"
+    script = (
+        "from d2kbench.harness.evaluate import Options, evaluate\n"
+        "from d2kbench.store import Store\n"
+        "from d2kbench.tasks import load_task\n"
+        "t = load_task('muon_newton_schulz')\n"
+        f"evaluate(t, {str(sol)!r}, [t.spec.workload('smoke_wide_2x32x96'), t.spec.workload('smoke_tall_1x64x48')],\n"
+        f"         'cpu', None, store=Store({str(db)!r}), options=Options(integrity=False))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        rows = 0
+        while time.time() < deadline and rows == 0:
+            time.sleep(1)
+            if db.exists():
+                try:
+                    rows = sqlite3.connect(db).execute("SELECT count(*) FROM results").fetchone()[0]
+                except sqlite3.OperationalError:
+                    rows = 0
+        assert rows == 1, "the first workload was never recorded"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    store = Store(db)
+    (row,) = store.rows()
+    assert row["workload"] == "smoke_wide_2x32x96" and row["status"] == "ok"
+    assert store.result(row).timing.n == 3
+    store.close()

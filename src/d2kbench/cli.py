@@ -167,6 +167,94 @@ def eval_cmd(
 
 
 @app.command()
+def bench(
+    task: str,
+    solution: list[str] = typer.Option(..., "--solution", "-s", help="solution name or path (repeatable)"),
+    baseline: str = typer.Option("reference", help="the baseline solution"),
+    workload: Optional[list[str]] = typer.Option(None, "--workload", "-w", help="workload id (repeatable)"),
+    device: str = typer.Option("auto", help="auto, cuda or cpu"),
+    bar: Optional[list[str]] = typer.Option(None, help="performance bar A/B>=X checked on every workload (repeatable)"),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="write the result as JSON"),
+    markdown: Optional[Path] = typer.Option(None, "--markdown", help="write a markdown page"),
+    store_path: Path = typer.Option(None, "--store", help="SQLite results store"),
+    timeout: Optional[float] = typer.Option(None, help="seconds per worker request"),
+) -> None:
+    """Time several solutions side by side (interleaved, same inputs) and check performance bars."""
+    from rich.markdown import Markdown
+
+    from d2kbench.harness.benchmark import benchmark
+    from d2kbench.harness.evaluate import Options, default_workloads, resolve_device
+    from d2kbench.report.benchmark import Bar, to_markdown
+    from d2kbench.store import DEFAULT_PATH, Store
+
+    t = _task(task)
+    try:
+        dev = resolve_device(device)
+        wls = [t.spec.workload(w) for w in workload] if workload else default_workloads(t, dev)
+        bars = [Bar.parse(b) for b in bar or []]
+        for s in [*solution, baseline]:
+            t.resolve_solution(s)
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        console.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
+    store = Store(store_path or DEFAULT_PATH)
+    with console.status(f"benchmarking {', '.join(solution)} vs {baseline} on {t.id} ({dev})") as st:
+        res = benchmark(t, list(solution), wls, dev, baseline, store=store, options=Options(timeout_s=timeout),
+                        progress=lambda m: st.update(m))
+    store.close()
+    page = to_markdown(res, bars)
+    console.print(Markdown(page))
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(res.model_dump_json(indent=1))
+    if markdown:
+        markdown.parent.mkdir(parents=True, exist_ok=True)
+        markdown.write_text(page)
+    failed = any(r.status.failed for run in res.runs for r in run.results)
+    missed = any(not ok for b in bars for _, _, ok in b.check(res))
+    if failed or missed:
+        raise typer.Exit(1)
+
+
+@app.command()
+def calibrate(
+    task: str,
+    workload: Optional[list[str]] = typer.Option(None, "--workload", "-w", help="workload id (repeatable)"),
+    device: str = typer.Option("auto", help="auto, cuda or cpu"),
+    calls: int = typer.Option(2, min=1, help="fresh input sets per workload (the worst error counts)"),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="write the results as JSON"),
+    markdown: Optional[Path] = typer.Option(None, "--markdown", help="write a markdown table"),
+) -> None:
+    """Measure the task's tolerance probes (calibration.py) against its real checks."""
+    from rich.markdown import Markdown
+
+    from d2kbench.harness.calibrate import calibrate as run_calibration
+    from d2kbench.harness.calibrate import to_markdown, verdicts
+    from d2kbench.harness.env import fingerprint
+    from d2kbench.harness.evaluate import default_workloads, resolve_device
+
+    t = _task(task)
+    try:
+        dev = resolve_device(device)
+        wls = [t.spec.workload(w) for w in workload] if workload else default_workloads(t, dev)
+        with console.status(f"calibrating {t.id} on {dev}"):
+            res = run_calibration(t, wls, dev, calls)
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        console.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
+    page = to_markdown(t, res, fingerprint(dev))
+    console.print(Markdown(page))
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps([r.model_dump() for r in res], indent=1))
+    if markdown:
+        markdown.parent.mkdir(parents=True, exist_ok=True)
+        markdown.write_text(page)
+    if not all(ok for _, _, ok in verdicts(res).values()):
+        raise typer.Exit(1)
+
+
+@app.command()
 def results(
     task: Optional[str] = typer.Option(None, help="only this task"),
     solution: Optional[str] = typer.Option(None, help="a solution name or sha256 prefix"),

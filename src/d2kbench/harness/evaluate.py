@@ -9,6 +9,7 @@ Candidate and baseline alternate per workload (interleaved), each in its own wor
 from __future__ import annotations
 
 import hashlib
+import inspect
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from d2kbench.harness import checks
 from d2kbench.harness.env import fingerprint, nvidia_smi
 from d2kbench.harness.inputs import clone_args, make_args, secret_seed
 from d2kbench.harness.process import WorkerFailure, WorkerHandle
+from d2kbench.integrity.parent import make_guards
 from d2kbench.harness.results import (
     CheckResult, Evaluation, SolutionRun, Status, TimingStats, Violation, WorkloadResult,
 )
@@ -42,6 +44,9 @@ class Options:
     time_solutions: bool = True
     cpu_samples: int = 3
     timing_params: dict = field(default_factory=dict)  # passed to the GPU timer
+    integrity: bool = True      # d2kbench.integrity (monitors, extra calls, AST rules); off: correctness-only tests
+    static_checks: bool = True  # the AST rules (off: show that a run-time defence catches a cheat on its own)
+    sensitivity: bool = True    # the extra call on inputs with one secretly changed element
 
 
 def resolve_device(device: str) -> str:
@@ -124,6 +129,8 @@ def check_reply(call: int, spec, wl: Workload, reference, args: list, expected: 
     plus the integrity evidence the worker reported (aliases, tensor subclasses)."""
     results, violations = [], []
     outs = [o.clone() if o is not None else None for o in reply["outputs"]]
+    if not spec.outputs and reply.get("container") == "NoneType":
+        outs = []  # an in-place operator (no declared outputs) may return None as well as ()
     for evidence in reply.get("aliases", []):
         violations.append(Violation(rule="no_aliasing", evidence=evidence))
     for k, (sub, tname) in enumerate(zip(reply["subclass"], reply["types"])):
@@ -147,7 +154,8 @@ def check_reply(call: int, spec, wl: Workload, reference, args: list, expected: 
         custom = None
         if tol.metric == "custom":
             fn = getattr(reference, "check", None)
-            custom = (lambda: fn(expected.pristine, outs)) if fn else None
+            named = fn is not None and "output" in inspect.signature(fn).parameters  # per-output property checks
+            custom = (lambda: fn(expected.pristine, outs, **({"output": name} if named else {}))) if fn else None
         return checks.compare(call, name, tol, out, exp, shape.index, custom)
 
     for k, (ospec, out) in enumerate(zip(spec.outputs, outs)):
@@ -155,7 +163,7 @@ def check_reply(call: int, spec, wl: Workload, reference, args: list, expected: 
             results.append(CheckResult(call=call, name=f"{ospec.name}:structure", passed=False,
                                        detail=f"{ospec.name} is {reply['types'][k]}, expected torch.Tensor"))
             continue
-        st = checks.structure(call, ospec, out, wl)
+        st = checks.structure(call, ospec, out, wl, (reply.get("strides") or [None] * len(outs))[k])
         results.append(st)
         if not st.passed:
             continue
@@ -190,19 +198,24 @@ class _RoleState:
     violations: list = field(default_factory=list)
     timing: TimingStats | None = None
     failure: tuple[Status, str] | None = None
+    integrity_checks: list = field(default_factory=list)
 
 
 def run_workload(handles: dict[str, WorkerHandle], task: Task, reference, workload: Workload, device: str,
-                 opts: Options) -> dict[str, WorkloadResult]:
+                 opts: Options, guards: dict | None = None) -> dict[str, WorkloadResult]:
     """Check (``opts.check_calls`` calls), time, and re-check every solution in ``handles`` on one
     workload. Each call's inputs and expected values are drawn and computed once and shared by
     the solutions (each gets its own copy of the inputs); the order of ``handles`` is the order
     in which the solutions run (alternate it between workloads to interleave).
 
+    ``guards`` (label -> :class:`d2kbench.integrity.parent.ParentGuard`) add the integrity
+    protocol: worker findings, static findings, the sensitivity call, checks of timed outputs.
+
     Never raises for solution failures: they come back as each result's status and cause.
     """
     t0 = time.perf_counter()
     st = {role: _RoleState() for role in handles}
+    guards = guards or {}
 
     def active() -> list[str]:
         return [r for r in handles if st[r].failure is None]
@@ -216,8 +229,11 @@ def run_workload(handles: dict[str, WorkerHandle], task: Task, reference, worklo
                 reply = handles[role].request({"op": "call", "args": args})
             except WorkerFailure as f:
                 st[role].failure = (_status(f.status), f.cause)
+                st[role].violations.extend(Violation(**x) for x in f.violations)
                 continue
             c, v = check_reply(call, task.spec, workload, reference, args, expected, reply)
+            if role in guards:
+                v += guards[role].on_reply(call, reply, pristine, last=call == opts.check_calls - 1)
             st[role].checks.extend(c)
             st[role].violations.extend(v)
             status, cause = _status_of(st[role].checks, st[role].violations)
@@ -226,20 +242,47 @@ def run_workload(handles: dict[str, WorkerHandle], task: Task, reference, worklo
 
     for call in range(opts.check_calls):
         one_call(call)
+    for role in [r for r in active() if r in guards]:  # integrity: one input element changed must move the output
+        try:
+            failed, allc, v = guards[role].sensitivity(lambda a, h=handles[role]: h.request({"op": "call", "args": a}),
+                                                       reference, workload)
+        except WorkerFailure as f:
+            st[role].failure = (_status(f.status), f.cause)
+            st[role].violations.extend(Violation(**x) for x in f.violations)
+            continue
+        st[role].checks.extend(failed)
+        st[role].integrity_checks.extend(allc)
+        st[role].violations.extend(v)
+        if failed or v:
+            st[role].failure = _status_of(st[role].checks, st[role].violations)
     if opts.time_solutions and not workload.correctness_only and active():
-        mode = "cpu" if device == "cpu" else task.spec.timing.mode
+        mode = "cpu" if device == "cpu" else task.spec.timing_for(workload).mode
         for role in active():
             seeds = [secret_seed() for _ in range(256 if mode == "graph" else 2)]
+            extra = guards[role].time_request_extra() if role in guards else {}
             try:
                 reply = handles[role].request({"op": "time", "workload": workload.id, "seeds": seeds, "mode": mode,
-                                               "cpu_samples": opts.cpu_samples, "params": opts.timing_params})
+                                               "cpu_samples": opts.cpu_samples, "params": opts.timing_params, **extra})
                 st[role].timing = TimingStats.model_validate(reply["stats"])
+                if role in guards:  # worker findings, outputs kept from timed calls, graph replays, SOL floor
+                    c, v = guards[role].after_timing(reply, reference, workload, seeds, extra)
+                    st[role].integrity_checks.extend(c)
+                    st[role].violations.extend(v)
+                    if v:
+                        st[role].failure = _status_of(st[role].checks, st[role].violations)
             except WorkerFailure as f:
                 st[role].failure = (_status(f.status), f.cause)
+                st[role].violations.extend(Violation(**x) for x in f.violations)
         one_call(opts.check_calls)  # re-check after the timing loop
+    for role in [r for r in guards if r in st]:  # integrity: harness and task files unchanged
+        v = guards[role].after_workload()
+        st[role].violations.extend(v)
+        if v and st[role].failure is None:
+            st[role].failure = _status_of(st[role].checks, st[role].violations)
     wall = time.perf_counter() - t0
     return {role: WorkloadResult(workload=workload.id, status=s.failure[0] if s.failure else Status.OK,
                                  cause=s.failure[1] if s.failure else "", checks=s.checks, violations=s.violations,
+                                 integrity_checks=s.integrity_checks,
                                  timing=s.timing, correctness_only=workload.correctness_only, wall_s=wall)
             for role, s in st.items()}
 
@@ -249,7 +292,70 @@ def _status(value: str) -> Status:
 
 
 def _new_handle(task: Task, path: Path, device: str, opts: Options, trusted: bool) -> WorkerHandle:
-    return WorkerHandle(task.root, path, device, opts.timeout_s or task.spec.timeout_s, {"trusted": trusted})
+    return WorkerHandle(task.root, path, device, opts.timeout_s or task.spec.timeout_s,
+                        {"trusted": trusted, "integrity": opts.integrity})
+
+
+def run_solutions(task: Task, entries: list[tuple[str, str, str | Path]], workloads: list[Workload], device: str,
+                  opts: Options, env: dict, ev_id: str, created: str, store=None,
+                  progress: Callable[[str], None] | None = None) -> dict[str, SolutionRun]:
+    """Run several solutions side by side: one worker each, interleaved per workload (the order
+    alternates between workloads), sharing every call's inputs and expected values.
+
+    Args:
+        entries: ``(label, role, solution)``: a unique label, the role stored with each record
+            (``candidate`` or ``baseline``), and a solution name or path.
+
+    Returns:
+        ``{label: SolutionRun}``; every workload result is also recorded in ``store`` at once.
+    """
+    say = progress or (lambda _msg: None)
+    reference = task.reference_module()
+    paths = {label: task.resolve_solution(sol) for label, _, sol in entries}
+    guards = make_guards(task, paths, device, opts)  # d2kbench.integrity: static rules, extra calls, file hashes
+    runs = {label: SolutionRun(solution=str(sol), path=str(paths[label]), sha256=file_sha256(paths[label]), role=role)
+            for label, role, sol in entries}
+    handles = {label: _new_handle(task, paths[label], device, opts, trusted=(paths[label] == task.root / "reference.py"))
+               for label in runs}
+
+    def record(label: str, result: WorkloadResult) -> None:
+        runs[label].results.append(result)
+        if store is not None:
+            store.record(ev_id, task.id, runs[label], result, device, env, created)
+
+    try:
+        say("starting workers")
+        for h in handles.values():  # spawn all workers first: their start-up overlaps
+            h.spawn()
+        live = {}
+        for label, h in handles.items():
+            try:
+                h.wait_ready()
+                live[label] = h
+            except WorkerFailure as f:  # import failed: every workload gets the same cause
+                for wl in workloads:
+                    record(label, WorkloadResult(workload=wl.id, status=_status(f.status), cause=f.cause,
+                                                 correctness_only=wl.correctness_only))
+        for n, wl in enumerate(workloads):
+            order = list(live) if n % 2 == 0 else list(reversed(live))
+            say(f"{wl.id}: {' vs '.join(runs[r].solution for r in order)}")
+            results = run_workload({r: live[r] for r in order}, task, reference, wl, device, opts, guards)
+            for label in live:
+                if results[label].status.failed:
+                    live[label].kill()  # a fresh worker for the next workload
+                record(label, results[label])
+            if device == "cuda":  # this workload's inputs and expected values: back to the driver
+                torch.cuda.empty_cache()
+    finally:
+        for h in handles.values():
+            h.close()
+    return runs
+
+
+def timed_seconds(runs) -> float:
+    """Seconds spent inside timed calls (samples x calls per sample) across runs."""
+    return sum(r.timing.mean_ms * r.timing.n * r.timing.calls_per_sample / 1e3
+               for run in runs for r in run.results if r.timing)
 
 
 def evaluate(task: Task, solution: str | Path, workloads: list[Workload] | None = None, device: str = "auto",
@@ -276,51 +382,15 @@ def evaluate(task: Task, solution: str | Path, workloads: list[Workload] | None 
     opts = options or Options()
     device = resolve_device(device)
     workloads = workloads if workloads is not None else default_workloads(task, device)
-    say = progress or (lambda _msg: None)
     t_start = time.perf_counter()
-    reference = task.reference_module()
     env = fingerprint(device)
-    roles = [("candidate", task.resolve_solution(solution), str(solution))]
-    if baseline is not None:
-        roles.append(("baseline", task.resolve_solution(baseline), str(baseline)))
-    runs = {role: SolutionRun(solution=name, path=str(path), sha256=file_sha256(path), role=role) for role, path, name in roles}
+    entries = [("candidate", "candidate", solution)] + ([("baseline", "baseline", baseline)] if baseline is not None else [])
     ev_id = uuid.uuid4().hex[:12]
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    handles = {role: _new_handle(task, path, device, opts, trusted=(path == task.root / "reference.py"))
-               for role, path, _ in roles}
-    try:
-        say("starting workers")
-        for h in handles.values():  # spawn all workers first: their start-up overlaps
-            h.spawn()
-        for role, h in handles.items():
-            try:
-                h.wait_ready()
-            except WorkerFailure as f:  # import failed: every workload gets the same cause
-                runs[role].results = [WorkloadResult(workload=wl.id, status=_status(f.status), cause=f.cause,
-                                                     correctness_only=wl.correctness_only) for wl in workloads]
-                for r in runs[role].results:
-                    if store is not None:
-                        store.record(ev_id, task.id, runs[role], r, device, env, created)
-        live = {role: h for role, h in handles.items() if not runs[role].results}
-        for n, wl in enumerate(workloads):
-            order = list(live) if n % 2 == 0 else list(reversed(live))
-            say(f"{wl.id}: {' vs '.join(runs[r].solution for r in order)}")
-            results = run_workload({r: live[r] for r in order}, task, reference, wl, device, opts)
-            for role in live:
-                result = results[role]
-                if result.status.failed:
-                    live[role].kill()  # a fresh worker for the next workload
-                runs[role].results.append(result)
-                if store is not None:
-                    store.record(ev_id, task.id, runs[role], result, device, env, created)
-    finally:
-        for h in handles.values():
-            h.close()
+    runs = run_solutions(task, entries, workloads, device, opts, env, ev_id, created, store, progress)
     if device == "cuda":
         env["smi_after"] = nvidia_smi()
-    timed = [r.timing.mean_ms * r.timing.n * r.timing.calls_per_sample / 1e3
-             for run in runs.values() for r in run.results if r.timing]
     scores, geo = score_workloads(task, workloads, runs["candidate"], runs.get("baseline"), env)
     return Evaluation(id=ev_id, task=task.id, device=device, created_at=created, candidate=runs["candidate"],
                       baseline=runs.get("baseline"), scores=scores, geomean_speedup=geo, env=env,
-                      wall_s=time.perf_counter() - t_start, timed_s=sum(timed))
+                      wall_s=time.perf_counter() - t_start, timed_s=timed_seconds(runs.values()))

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from d2kbench.tasks.formula import evaluate_formula
 from d2kbench.tasks.schema import ScalarArg, TaskSpec, TensorArg, Workload
 
 
@@ -53,17 +54,20 @@ def check_args(spec: TaskSpec, workload: Workload, args: list) -> list[str]:
             if not isinstance(v, torch.Tensor):
                 problems.append(f"{a.name} is {type(v).__name__}, not a tensor")
                 continue
-            want = [workload.axes[d] if isinstance(d, str) else d for d in a.shape]
+            want = output_shape(a.shape, workload)
             if list(v.shape) != want:
                 problems.append(f"{a.name} has shape {list(v.shape)}, expected {want}")
-            if v.dtype != torch_dtype(a.dtype):
-                problems.append(f"{a.name} has dtype {v.dtype}, expected {a.dtype}")
+            want_dtype = a.dtype_for(workload)
+            if v.dtype != torch_dtype(want_dtype):
+                problems.append(f"{a.name} has dtype {v.dtype}, expected {want_dtype}")
             if a.layout == "contiguous" and not v.is_contiguous():
                 problems.append(f"{a.name} is not contiguous")
         elif isinstance(a, ScalarArg):
             py = {"int": int, "float": float, "bool": bool}[a.kind]
             if not isinstance(v, py) or (a.kind == "int" and isinstance(v, bool)):
                 problems.append(f"{a.name} is {type(v).__name__}, expected {a.kind}")
+            elif a.axis is not None and v != workload.axes.get(a.axis):
+                problems.append(f"{a.name} is {v}, but it is bound to axis {a.axis} = {workload.axes.get(a.axis)}")
     return problems
 
 
@@ -72,9 +76,25 @@ def clone_args(args: list) -> list:
     return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
 
 
+def dim_size(dim: str | int, workload: Workload) -> int:
+    """One declared size (an int, an axis name or a formula of the axes) on ``workload``.
+
+    Raises:
+        ValueError: a formula that does not give a whole number >= 0 (or uses unknown names).
+    """
+    if isinstance(dim, int):
+        return dim
+    if dim in workload.axes:
+        return workload.axes[dim]
+    value = evaluate_formula(dim, workload.axes)
+    if value < 0 or value != int(value):
+        raise ValueError(f"size formula {dim!r} gives {value} on workload {workload.id!r}, not a whole number >= 0")
+    return int(value)
+
+
 def output_shape(shape: list, workload: Workload) -> list[int]:
-    """Concrete shape of a declared output on ``workload``."""
-    return [workload.axes[d] if isinstance(d, str) else d for d in shape]
+    """Concrete shape of a declared output (or argument) on ``workload``."""
+    return [dim_size(d, workload) for d in shape]
 
 
 def args_nbytes(args: list) -> int:

@@ -7,6 +7,7 @@ ends the worker only; the caller gets a :class:`WorkerFailure` naming the status
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import tempfile
 from pathlib import Path
@@ -22,10 +23,11 @@ _EXPECTED = {"call": "outputs", "time": "timing", "exit": "bye"}
 class WorkerFailure(Exception):
     """The worker failed a request: ``status`` is a Status value, ``cause`` says why."""
 
-    def __init__(self, status: str, cause: str):
+    def __init__(self, status: str, cause: str, violations: list[dict] | None = None):
         super().__init__(f"{status}: {cause}")
         self.status = status
         self.cause = cause
+        self.violations = list(violations or [])  # integrity findings ({"rule", "evidence"})
 
 
 class WorkerHandle:
@@ -84,15 +86,20 @@ class WorkerHandle:
         """
         if self.proc is None:
             self.start()
+        nonce = secrets.token_hex(16)  # the worker echoes it; solution code cannot read it (integrity.audit)
         try:
-            self.conn.send(msg)
+            self.conn.send({**msg, "nonce": nonce})
         except (BrokenPipeError, ConnectionError, OSError) as e:
             raise self._died(f"could not send {msg.get('op')!r}: {e}") from None
         reply = self._recv(timeout_s or self.timeout_s, msg.get("op", "?"))
         want = _EXPECTED.get(msg.get("op"))
-        if not isinstance(reply, dict) or reply.get("kind") != want:
+        if not isinstance(reply, dict) or reply.get("kind") != want or reply.get("nonce") != nonce:
             self.kill()
-            raise WorkerFailure("runtime_error", f"incomplete or forged answer to {msg.get('op')!r}: {str(reply)[:200]}")
+            what = f"forged answer to {msg.get('op')!r} (" + ("wrong kind" if not isinstance(reply, dict) or
+                                                            reply.get("kind") != want else "missing the request's nonce")
+            evidence = f"{what}): {str({k: v for k, v in reply.items() if k != 'nonce'} if isinstance(reply, dict) else reply)[:200]}"
+            raise WorkerFailure("integrity_violation", f"forged_answer: {evidence}",
+                                [{"rule": "forged_answer", "evidence": evidence}])
         return reply
 
     def _recv(self, timeout_s: float, what: str) -> dict:
@@ -112,7 +119,8 @@ class WorkerHandle:
             raise WorkerFailure("runtime_error", f"unreadable answer to {what!r}: {type(e).__name__}: {e}") from None
         if isinstance(reply, dict) and reply.get("kind") == "error":
             self.kill()
-            raise WorkerFailure(str(reply.get("status", "runtime_error")), str(reply.get("cause", "")))
+            raise WorkerFailure(str(reply.get("status", "runtime_error")), str(reply.get("cause", "")),
+                                reply.get("violations") if isinstance(reply.get("violations"), list) else None)
         return reply
 
     def _died(self, what: str) -> WorkerFailure:

@@ -83,6 +83,9 @@ class WorkloadResult(BaseModel):
     cause: str = ""
     checks: list[CheckResult] = []
     violations: list[Violation] = []
+    #: checks of the integrity protocol's extra calls (d2kbench.integrity.parent): the
+    #: sensitivity call, outputs kept from timed calls, CUDA-graph verification replays
+    integrity_checks: list[CheckResult] = []
     timing: TimingStats | None = None
     correctness_only: bool = False
     wall_s: float = 0.0

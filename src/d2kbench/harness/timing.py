@@ -129,12 +129,15 @@ def time_events(call: Callable[[int], object], n_sets: int, flush: Callable[[], 
 
 def time_graph(call: Callable[[int], object], n_sets: int, warmup_ms: float = 200.0,
                min_samples: int = MIN_SAMPLES, max_samples: int = 100,
-               target_ms: float = TARGET_MS, before_replay: Callable[[], None] | None = None) -> TimingStats:
+               target_ms: float = TARGET_MS, before_replay: Callable[[], None] | None = None,
+               after_replays: Callable[[object, list], None] | None = None) -> TimingStats:
     """CUDA-graph timing: one graph holds one call on each of ``n_sets`` input sets (rotating
     sets, together several times the L2, so replays do not hit a warm cache); each replay is
     timed with events and divided by ``n_sets``.
 
-    ``before_replay`` (untimed) may rewrite inputs or poison outputs between replays.
+    ``before_replay`` (untimed) may rewrite inputs or poison outputs between replays;
+    ``after_replays(graph, outputs_per_set)`` runs once after the timed replays (integrity
+    checks: a profiled replay, a verification replay on rewritten inputs).
     """
     import torch
 
@@ -167,5 +170,7 @@ def time_graph(call: Callable[[int], object], n_sets: int, warmup_ms: float = 20
         e.record()
         e.synchronize()
         samples.append(s.elapsed_time(e) / n_sets)
+    if after_replays is not None:
+        after_replays(graph, keep)
     del keep, graph
     return summarize(samples, "graph", calls_per_sample=n_sets, input_sets=n_sets, warmup_calls=warm)

@@ -80,12 +80,19 @@ class Worker:
         self.device = device
         self.options = options
         self.pending: list = []  # outputs sent to the parent, kept alive until its next message
+        self.nonce = None  # the current request's nonce, echoed in the answer (forgery check)
+        self.guard = None  # d2kbench.integrity.guard.Guard, installed before the solution is imported
+        self.findings: list[dict] = []  # integrity findings not yet sent
 
     def send(self, msg: dict) -> None:
-        self.conn.send(msg)
+        self.conn.send({**msg, "nonce": self.nonce})
 
-    def error(self, status: str, cause: str) -> None:
-        self.send({"kind": "error", "status": status, "cause": cause})
+    def error(self, status: str, cause: str, violations: list[dict] | None = None) -> None:
+        v = self.findings + list(violations or [])
+        self.findings = []
+        if v and status == "runtime_error":  # e.g. a PermissionError raised by the integrity audit hook
+            status, cause = "integrity_violation", f"{v[0]['rule']}: {v[0]['evidence']} ({cause})"
+        self.send({"kind": "error", "status": status, "cause": cause, "violations": v})
 
     def load(self) -> bool:
         import torch
@@ -97,9 +104,16 @@ class Worker:
             torch.cuda.set_device(0)
         self.task = load_task(self.task_root)
         self.reference = import_file(Path(self.task_root) / "reference.py", "d2k_task_reference")
+        from d2kbench.integrity.guard import Guard
+
+        self.guard = Guard(self.device, self.solution_path, self.task, self.reference,
+                           trusted=bool(self.options.get("trusted")) or not self.options.get("integrity", True))
+        self.guard.install()  # audit hook, launch counter, identity snapshot; armed for the import
         try:
             module = import_file(Path(self.solution_path), "d2k_solution")
+            self.findings = self.guard.after_import()
         except BaseException as e:  # noqa: BLE001 - any failure of untrusted code is reported
+            self.findings = self.guard.after_import()
             status = "compile_error" if classify(e) in ("compile_error", "runtime_error") else classify(e)
             self.error(status, "import failed: " + describe(e, self.solution_path))
             return False
@@ -122,11 +136,12 @@ class Worker:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 t0 = time.perf_counter()
-                result = self.run(*args)
-                self.sync()
+                with self.guard.call() as info:  # dispatch monitor, launch count, armed audit hook
+                    result = self.run(*args)
+                    self.sync()
                 wall = time.perf_counter() - t0
         except BaseException as e:  # noqa: BLE001
-            self.error(classify(e), describe(e, self.solution_path))
+            self.error(classify(e), describe(e, self.solution_path), info.get("violations") if "info" in locals() else None)
             return
         finally:
             torch.use_deterministic_algorithms(False)
@@ -141,7 +156,10 @@ class Worker:
         self.send({
             "kind": "outputs", "outputs": sent, "types": types, "exact_tensor": exact, "subclass": subclass,
             "container": type(result).__name__, "aliases": aliases, "wall_s": wall,
+            "strides": [list(o.stride()) if ok else None for o, ok in zip(outs, exact)],  # the clone may re-lay out
+            "violations": self.findings + info["violations"],
         })
+        self.findings = []
 
     def do_time(self, msg: dict) -> None:
         from d2kbench.harness import timing
@@ -164,21 +182,33 @@ class Worker:
         def call(i: int):
             return self.run(*sets[i])
 
+        from d2kbench.integrity.guard import package
+
+        integ = msg.get("integrity") or {}
+        call = self.guard.timed(call, mode, integ.get("stash_seed"))  # launch signatures, kept outputs
+        flush = None
+        fresh = (lambda: make_args(self.reference, spec, workload, integ["verify_seed"], self.device)) \
+            if integ.get("verify_seed") is not None else None
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 if mode == "cpu":
                     stats = timing.time_cpu(call, n_sets, samples=int(msg.get("cpu_samples", 3)))
                 elif mode == "graph":
-                    stats = timing.time_graph(call, n_sets, **msg.get("params", {}))
+                    before, after = self.guard.graph_hooks(sets, fresh, package)
+                    stats = timing.time_graph(call, n_sets, **msg.get("params", {}), before_replay=before,
+                                              after_replays=after)
                 else:
                     l2 = torch.cuda.get_device_properties(0).L2_cache_size
                     flush_buf = torch.empty(max(2 * l2, 128 << 20), dtype=torch.uint8, device="cuda")
-                    stats = timing.time_events(call, n_sets, flush=flush_buf.zero_, **msg.get("params", {}))
+                    flush = flush_buf.zero_
+                    stats = timing.time_events(call, n_sets, flush=flush, **msg.get("params", {}))
+            extra = self.guard.after_timing(msg, self.run, lambda s: make_args(self.reference, spec, workload, s,
+                                                                                self.device), flush, stats.mean_ms, package)
         except BaseException as e:  # noqa: BLE001
-            self.error(classify(e), "during timing: " + describe(e, self.solution_path))
+            self.error(classify(e), "during timing: " + describe(e, self.solution_path), self.guard.drain())
             return
-        self.send({"kind": "timing", "stats": stats.model_dump()})
+        self.send({"kind": "timing", "stats": stats.model_dump(), **extra})
 
     def serve(self) -> None:
         if not self.load():
@@ -189,11 +219,14 @@ class Worker:
             except EOFError:
                 return
             self.pending = []
+            self.nonce = msg.get("nonce") if isinstance(msg, dict) else None
             op = msg.get("op")
             if op == "call":
                 self.do_call(msg["args"])
             elif op == "time":
                 self.do_time(msg)
+                if self.device == "cuda":  # give the timing sets' memory back for the parent and other workers
+                    self.torch.cuda.empty_cache()
             elif op == "exit":
                 self.send({"kind": "bye"})
                 return

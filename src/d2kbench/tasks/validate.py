@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from d2kbench.harness.checks import structure
 from d2kbench.harness.inputs import make_args, output_shape, torch_dtype
 from d2kbench.tasks.formula import FormulaError, evaluate_formula
 from d2kbench.tasks.loader import REQUIRED_FILES, SUITE_DIR, TaskFileError, import_file, list_tasks, load_task
@@ -92,15 +93,27 @@ def _run_smoke(task) -> list[str]:
         try:
             args = make_args(ref, task.spec, w, 0, "cpu")
             outs = ref.run(*args)
-            outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+            outs = list(outs) if isinstance(outs, (tuple, list)) else [] if outs is None and not task.spec.outputs else [outs]
             if len(outs) != len(task.spec.outputs):
                 problems.append(f"{where}: run returned {len(outs)} outputs, task.yaml declares {len(task.spec.outputs)}")
                 continue
             for o, spec in zip(outs, task.spec.outputs):
                 want = output_shape(spec.shape, w)
-                if not isinstance(o, torch.Tensor) or list(o.shape) != want or o.dtype != torch_dtype(spec.dtype):
+                want_dtype = spec.dtype_for(w)
+                if not isinstance(o, torch.Tensor) or list(o.shape) != want or o.dtype != torch_dtype(want_dtype):
                     got = f"{type(o).__name__} {list(getattr(o, 'shape', []))} {getattr(o, 'dtype', '')}"
-                    problems.append(f"{where}: output {spec.name} is {got}, expected {want} {spec.dtype}")
+                    problems.append(f"{where}: output {spec.name} is {got}, expected {want} {want_dtype}")
+                elif not (st := structure(0, spec, o, w)).passed:  # the declared layout (strides)
+                    problems.append(f"{where}: reference output {st.detail}")
+            customs = [o.name for o in task.spec.outputs for t in w.checks_for(o.name, o.checks) if t.metric == "custom"]
+            if customs and not callable(getattr(ref, "check", None)):
+                problems.append(f"{where}: a check is 'custom' but reference.py defines no check()")
+            elif customs:  # the reference's own outputs must pass its property check
+                named = "output" in inspect.signature(ref.check).parameters
+                for name in customs:
+                    ok, _err, detail = ref.check(args, outs, **({"output": name} if named else {}))
+                    if not ok:
+                        problems.append(f"{where}: reference outputs fail check() of {name}: {detail}")
             uses_oracle = any(t.against == "oracle" for o in task.spec.outputs for t in w.checks_for(o.name, o.checks))
             if uses_oracle:
                 if not hasattr(ref, "oracle"):

@@ -1,0 +1,72 @@
+"""``d2k evil`` (run the evil-solution suite) and ``d2k lint`` (the static rules on a file)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+
+
+def register(app: typer.Typer) -> None:
+    """Add the integrity commands to the ``d2k`` app."""
+
+    @app.command()
+    def evil(
+        device: str = typer.Option("auto", help="auto, cpu or cuda (cuda also runs the GPU-only cheats)"),
+        only: Optional[list[str]] = typer.Option(None, "--only", "-k", help="run cases whose task/name contains this"),
+        root: Optional[Path] = typer.Option(None, help="the evil folder (default: <repo>/evil or $D2K_EVIL_DIR)"),
+        jobs: int = typer.Option(2, min=1, help="evaluations at a time"),
+        json_path: Optional[Path] = typer.Option(None, "--json", help="write the outcomes as JSON"),
+        markdown: Optional[Path] = typer.Option(None, "--markdown", help="write a markdown table"),
+    ) -> None:
+        """Run every known cheat through the harness; each must be rejected with the expected
+        status and rule. Exit code 1 when any is not."""
+        from d2kbench.harness.evaluate import resolve_device
+        from d2kbench.integrity import evil as E
+
+        try:
+            dev = resolve_device(device)
+        except ValueError as e:
+            console.print(f"[red]{e}[/red]")
+            raise typer.Exit(2) from None
+        cases = E.discover(root, dev)
+        if only:
+            cases = [c for c in cases if any(k in f"{c.task}/{c.name}" for k in only)]
+        console.print(f"running {len(cases)} evil solutions on {dev} ({jobs} at a time)")
+        outcomes = E.run_suite(cases, dev, jobs, root, progress=lambda m: console.print(f"  {m}", highlight=False))
+        table = Table(*E.COLUMNS, title=f"evil suite on {dev}", show_lines=False)
+        for r in E.rows(outcomes):
+            style = "green" if r["verdict"] == "pass" else "red"
+            table.add_row(*[f"[{style}]{r[c]}[/{style}]" if c == "verdict" else r[c] for c in E.COLUMNS])
+        console.print(table)
+        n_ok = sum(o.passed for o in outcomes)
+        console.print(f"{n_ok}/{len(outcomes)} rejected as expected; "
+                      f"wall {sum(o.wall_s for o in outcomes):.0f} s of evaluations")
+        if json_path:
+            json_path.parent.mkdir(parents=True, exist_ok=True)
+            json_path.write_text(E.to_json(outcomes))
+        if markdown:
+            markdown.parent.mkdir(parents=True, exist_ok=True)
+            markdown.write_text(E.to_markdown(outcomes, dev))
+        if n_ok != len(outcomes):
+            raise typer.Exit(1)
+
+    @app.command()
+    def lint(files: list[Path] = typer.Argument(..., help="solution files")) -> None:
+        """Review solution files with the static integrity rules (exit 1 on any finding)."""
+        from d2kbench.integrity.static import static_violations
+
+        bad = 0
+        for f in files:
+            found = static_violations(f)
+            bad += bool(found)
+            console.print(f"[{'red' if found else 'green'}]{'FAIL' if found else 'ok'}[/] {f}")
+            for v in found:
+                console.print(f"  {v.rule}: {v.evidence}", markup=False, highlight=False)
+        if bad:
+            raise typer.Exit(1)

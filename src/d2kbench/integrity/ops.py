@@ -1,0 +1,109 @@
+"""Which ATen operators a solution's ``run`` may execute, and the dispatch mode that sees them.
+
+Three classes, by the schema name of the operator (``aten::mm``):
+
+* **glue** (allowed): allocation, views and metadata, layout/dtype copies, fills, scalar reads.
+  ``TRITON_INTERPRET=1`` itself only uses glue ops (``new_empty``, ``set_``, ``copy_``).
+* **forbidden** (rule ``forbidden_op``): operators that reach vendor libraries or do the work
+  of a decomposition: matrix products (``@``, ``matmul``, ``einsum`` and ``linear`` decompose
+  to ``mm``/``bmm``/``addmm``), SDPA and fused attention, convolution, ``linalg``/``fft``, cuDNN
+  and oneDNN ops, plus the task's ``forbidden.aten_ops``.
+* everything else is **PyTorch compute** (rule ``torch_compute``): ``requirements.md`` says the
+  timed computation runs in the solution's own Triton kernels and PyTorch is glue only.
+
+The monitor is a :class:`torch.utils._python_dispatch.TorchDispatchMode`, so it sees the ATen
+ops below autograd and composite decompositions (``torch.matmul`` on 3-D inputs shows up as
+``aten::bmm``), whatever Python spelling the solution used.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+#: Operators that are glue (schema names without the ``aten::`` prefix).
+GLUE_OPS = frozenset({
+    # allocation and fills
+    "empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided",
+    "zeros", "zeros_like", "new_zeros", "ones", "ones_like", "new_ones", "full", "full_like", "new_full",
+    "fill_", "zero_", "arange", "scalar_tensor", "lift_fresh", "lift_fresh_copy", "resize_", "set_",
+    "_pin_memory", "pin_memory", "is_pinned", "record_stream",
+    # copies for layout, dtype or device
+    "_to_copy", "copy_", "clone", "contiguous", "_copy_from", "_copy_from_and_resize", "to", "cat", "stack",
+    "_reshape_copy",
+    # views and metadata
+    "detach", "alias", "view", "_unsafe_view", "reshape", "_reshape_alias", "as_strided", "expand",
+    "transpose", "t", "permute", "squeeze", "unsqueeze", "select", "slice", "split", "split_with_sizes",
+    "chunk", "unbind", "narrow", "flatten", "unflatten", "movedim", "view_as", "diagonal", "unfold",
+    "expand_as", "_unsafe_index", "numpy_T", "mT", "mH", "adjoint", "view_as_real", "view_as_complex",
+    "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "size", "stride", "dim", "is_same_size",
+    "_local_scalar_dense", "is_nonzero", "_has_compatible_shallow_copy_type", "_nested_tensor_size",
+})
+
+#: Forbidden operator names (exact) and patterns.
+FORBIDDEN_OPS = frozenset({
+    "mm", "bmm", "addmm", "addbmm", "baddbmm", "matmul", "dot", "vdot", "mv", "addmv", "addr", "ger",
+    "outer", "inner", "linear", "bilinear", "einsum", "tensordot", "chain_matmul", "kron", "_addmm_activation",
+    "_scaled_mm", "_scaled_grouped_mm", "_grouped_mm", "_int_mm", "_weight_int4pack_mm", "_weight_int8pack_mm",
+    "_convert_weight_to_int4pack", "cdist", "_cdist_forward", "convolution", "_convolution",
+    "scaled_dot_product_attention", "_fused_sdp_choice", "svd", "qr", "cholesky", "triangular_solve",
+    "geqrf", "orgqr", "ormqr", "inverse", "det", "slogdet", "pinverse", "lu_solve", "symeig", "eig",
+})
+_FORBIDDEN_PATTERN = re.compile(
+    r"^(_?scaled_dot_product_|_flash_attention|_efficient_attention|_cudnn|cudnn_|miopen_|mkldnn_|_mkldnn|"
+    r"onednn|conv|_linalg_|linalg_|_fft_|fft_|cufft|_sparse_|_fused_|_foreach_|_triton_|native_multi_head|"
+    r"_native_multi_head|_transformer_|_masked_softmax|_thnn_|slow_conv|_cslt_|_mixed_dtypes_linear)")
+
+
+def op_name(schema_name: str) -> str:
+    """``aten::mm`` -> ``mm`` (other namespaces keep theirs: ``prims::add``)."""
+    return schema_name[6:] if schema_name.startswith("aten::") else schema_name
+
+
+def classify(schema_name: str, extra_forbidden: frozenset[str] | set[str] = frozenset()) -> str:
+    """``glue``, ``forbidden`` or ``compute`` for one operator schema name.
+
+    ``extra_forbidden`` holds the task's ``forbidden.aten_ops`` (full schema names such as
+    ``aten::_linalg_svd`` or bare names).
+    """
+    name = op_name(schema_name)
+    if schema_name in extra_forbidden or name in extra_forbidden:
+        return "forbidden"
+    if name in FORBIDDEN_OPS or _FORBIDDEN_PATTERN.match(name):
+        return "forbidden"
+    if name in GLUE_OPS:
+        return "glue"
+    return "compute"
+
+
+def judge(seen: Counter, extra_forbidden: frozenset[str] | set[str] = frozenset()) -> list[tuple[str, str]]:
+    """``(rule, evidence)`` for the operators of one call: one entry per rule, naming the ops."""
+    by = {"forbidden": [], "compute": []}
+    for name, n in sorted(seen.items()):
+        kind = classify(name, extra_forbidden)
+        if kind in by:
+            by[kind].append(f"{name} x{n}")
+    out = []
+    if by["forbidden"]:
+        out.append(("forbidden_op", "run() executed " + ", ".join(by["forbidden"][:8])))
+    if by["compute"]:
+        out.append(("torch_compute", "run() executed PyTorch compute (not glue): " + ", ".join(by["compute"][:8])))
+    return out
+
+
+def make_op_monitor():
+    """A fresh ``(mode, seen)`` pair: entering ``mode`` counts every ATen op into ``seen``.
+
+    The counter lives in the closure, not on the mode object, so that code holding the mode
+    (``_get_current_dispatch_mode()``) finds no attribute to clear.
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: Counter = Counter()
+
+    class _OpMonitor(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen[func._schema.name] += 1
+            return func(*args, **(kwargs or {}))
+
+    return _OpMonitor(), seen

@@ -1,0 +1,408 @@
+"""Integrity checks that run in the trusted parent (:mod:`d2kbench.harness.evaluate`).
+
+The parent never runs solution code, so these checks cannot be tampered with:
+
+* :func:`static_violations` (re-exported): the AST rules, once per solution;
+* :func:`sensitivity_check`: one more call whose inputs equal the previous call's except one
+  secretly chosen element, changed enough to move the reference output beyond tolerance; the
+  output must follow (``stale_output`` when it stays bit-identical, ``incorrect`` otherwise);
+* :func:`check_timed_outputs`: outputs the worker kept from a secretly chosen timed call and
+  from the last one, checked like any correctness call (``timed_output``);
+* :func:`check_graph_verify`: CUDA-graph replays on rewritten inputs (``graph_replay``);
+* :func:`below_sol_floor`: a time below the task's roofline floor (``below_sol_floor``);
+* :class:`FileWatch`: content hashes of the harness and task files (``harness_tampering``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from d2kbench.harness import checks
+from d2kbench.harness.inputs import clone_args, make_args
+from d2kbench.harness.process import WorkerFailure
+from d2kbench.harness.results import CheckResult, TimingStats, Violation
+from d2kbench.integrity.static import static_violations  # noqa: F401 - re-exported
+from d2kbench.tasks.schema import TensorArg
+
+#: Labels of the extra calls in CheckResult.call (the regular calls are 0..check_calls).
+SENSITIVITY_CALL = -1
+TIMED_CALL = -2
+GRAPH_CALL = -3
+
+
+def _prefixed(results: list[CheckResult], prefix: str) -> list[CheckResult]:
+    return [r.model_copy(update={"name": f"{prefix}:{r.name}"}) for r in results]
+
+
+def _first_failure(results: list[CheckResult]) -> str:
+    bad = [r for r in results if not r.passed]
+    if not bad:
+        return ""
+    r = bad[0]
+    err = f" error {r.error:.3e} > {r.threshold:.3e}" if r.error is not None and r.threshold is not None else ""
+    return f"{r.name}{err} {r.detail}".strip()
+
+
+def _same_bits(a, b) -> bool:
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return False
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return bool((checks._bits(a) == checks._bits(b)).all())
+
+
+# ---------------------------------------------------------------------------------------------
+# Sensitivity: changing one input element must change the output
+# ---------------------------------------------------------------------------------------------
+def perturb(args: list, spec_args: list, rng: secrets.SystemRandom, factor: float) -> tuple[list, str] | None:
+    """A copy of ``args`` with one secretly chosen element of a floating-point tensor argument
+    moved by about ``factor`` x the argument's largest magnitude (clamped to the dtype's range).
+    Returns ``(new_args, description)`` or None when no argument can be perturbed."""
+    cands = [(i, a) for i, (a, s) in enumerate(zip(args, spec_args))
+             if isinstance(s, TensorArg) and isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel()]
+    if not cands:
+        return None
+    weights = [a.numel() for _, a in cands]
+    i, a = rng.choices(cands, weights=weights)[0]
+    new = clone_args(args)
+    flat = new[i].view(-1) if new[i].is_contiguous() else None
+    if flat is None:
+        return None
+    j = rng.randrange(flat.numel())
+    old = float(flat[j].float())  # float32 arithmetic: FP8 tensors have no max/abs kernels
+    scale = float(a.float().abs().max()) or 1.0
+    lim = float(torch.finfo(a.dtype).max) / 4
+    target = old + rng.choice((-1.0, 1.0)) * factor * scale
+    flat[j:j + 1].copy_(torch.tensor([max(-lim, min(lim, target))], dtype=torch.float32))
+    now = float(flat[j].float())
+    if now == old or now != now:
+        return None
+    idx = tuple(int(k) for k in torch.unravel_index(torch.tensor(j), tuple(a.shape)))
+    return new, f"{spec_args[i].name}{list(idx)}: {old:.4g} -> {now:.4g}"
+
+
+def sensitivity_check(request: Callable[[list], dict], checker, pristine: list, outputs: list,
+                      attempts: int = 4) -> tuple[list[CheckResult], list[Violation]]:
+    """One extra call on ``pristine`` (the previous call's inputs) with one element changed.
+
+    The change grows (x1, x2, x4, x8 of the argument's largest magnitude) until the reference
+    output moves beyond the task's reference tolerance, so that returning the previous output
+    would fail the normal checks. ``stale_output`` when the new output is bit-identical to
+    ``outputs`` (the previous call's) although the reference output changed.
+    """
+    spec = checker.spec
+    rng = secrets.SystemRandom()
+    ref_o, _ = checker.expected(pristine)
+    chosen = None
+    for attempt in range(attempts):
+        got = perturb(pristine, spec.args, rng, float(2 ** attempt))
+        if got is None:
+            continue
+        p_args, desc = got
+        ref_p, _ = checker.expected(p_args)
+        if not all(not isinstance(r, torch.Tensor) or not r.is_floating_point() or bool(checks.isfinite(r).all())
+                   for r in ref_p):
+            continue
+        chosen = (p_args, desc, ref_p)
+        strong = False
+        for k, ospec in enumerate(spec.outputs):
+            for tol in checker.wl.checks_for(ospec.name, ospec.checks):
+                if tol.against != "reference" or tol.metric == "custom" or k >= len(ref_o):
+                    continue
+                r = checks.compare(0, ospec.name, tol, ref_o[k], ref_p[k], ospec.shape.index)
+                strong = strong or not r.passed
+        if strong:
+            break
+    if chosen is None:
+        return [CheckResult(call=SENSITIVITY_CALL, name="sensitivity", passed=True,
+                            detail="no floating-point input element could be perturbed; skipped")], []
+    p_args, desc, ref_p = chosen
+    sent = clone_args(p_args)
+    reply = request(sent)
+    results, violations = checker.check(SENSITIVITY_CALL, sent, p_args, reply)
+    violations += [Violation(**v) for v in reply.get("violations") or []]
+    results = _prefixed(results, "sensitivity")
+    outs = reply.get("outputs") or []
+    for k, (now, before) in enumerate(zip(outs, outputs)):
+        if k < len(ref_p) and _same_bits(now, before) and not _same_bits(ref_p[k], ref_o[k]):
+            violations.append(Violation(rule="stale_output", evidence=(
+                f"output {k} stayed bit-identical after input {desc} changed (the reference output changed)")))
+    moved = [k for k in range(min(len(ref_p), len(ref_o))) if not _same_bits(ref_p[k], ref_o[k])]
+    results.append(CheckResult(call=SENSITIVITY_CALL, name="sensitivity", passed=not any(
+        v.rule == "stale_output" for v in violations), detail=f"perturbed {desc}; reference outputs moved: {moved}"))
+    return results, violations
+
+
+# ---------------------------------------------------------------------------------------------
+# Outputs produced during timing and by CUDA-graph replays
+# ---------------------------------------------------------------------------------------------
+def check_timed_outputs(reply: dict, checker, reference, workload, seeds: list[int], device: str
+                        ) -> tuple[list[CheckResult], list[Violation]]:
+    """Check the outputs the worker kept from timed calls against inputs regenerated from the
+    timing seeds (skipped for tasks with mutable arguments: their state drifts across calls)."""
+    spec = checker.spec
+    if any(isinstance(a, TensorArg) and a.mutable for a in spec.args):
+        return [], []
+    results, violations = [], []
+    for item in reply.get("stashed") or []:
+        j = int(item.get("set", -1))
+        if not 0 <= j < len(seeds):
+            violations.append(Violation(rule="timed_output", evidence=f"worker reported an unknown input set {j}"))
+            continue
+        args = make_args(reference, spec, workload, seeds[j], device)
+        r, v = checker.check(TIMED_CALL, args, clone_args(args), item)
+        r = _prefixed(r, f"timed#{item.get('ordinal')}")
+        results += r
+        violations += v
+        fail = _first_failure(r)
+        if fail:
+            violations.append(Violation(rule="timed_output", evidence=(
+                f"timed call #{item.get('ordinal')} on input set {j} failed {fail}; the correctness calls passed")))
+    return results, violations
+
+
+def check_graph_verify(reply: dict, checker, reference, workload, verify_seed: int | None, device: str
+                       ) -> tuple[list[CheckResult], list[Violation]]:
+    """Check CUDA-graph replays: the last timed replay (inputs perturbed every replay) and one
+    replay on freshly rewritten inputs with NaN-poisoned outputs."""
+    payload = reply.get("graph_verify") or {}
+    spec = checker.spec
+    mutable = any(isinstance(a, TensorArg) and a.mutable for a in spec.args)
+    results, violations = [], []
+    for key, item in payload.items():
+        if key == "fresh" and verify_seed is not None:
+            pristine = make_args(reference, spec, workload, verify_seed, device)
+        elif key == "last_replay" and not mutable:
+            pristine = clone_args(item["args"])
+        else:
+            continue
+        r, v = checker.check(GRAPH_CALL, item["args"], pristine, item)
+        r = _prefixed(r, f"graph:{key}")
+        results += r
+        violations += v
+        fail = _first_failure(r)
+        if fail:
+            what = "a replay on freshly rewritten inputs (outputs poisoned with NaN first)" if key == "fresh" \
+                else "the last timed replay (one input element changed before every replay)"
+            violations.append(Violation(rule="graph_replay", evidence=f"{what} failed {fail}"))
+    return results, violations
+
+
+def stats_inconsistency(stats: TimingStats) -> str:
+    """Why the reported statistics are not those of the reported samples ("" when they are):
+    the parent recomputes n, mean, median, min and max from ``samples_ms``."""
+    import numpy as np
+
+    x = np.asarray(stats.samples_ms, dtype=np.float64)
+    if x.size != stats.n or x.size == 0:
+        return f"n={stats.n} but {x.size} samples"
+    for name, want, got in (("mean", x.mean(), stats.mean_ms), ("median", np.median(x), stats.median_ms),
+                            ("min", x.min(), stats.min_ms), ("max", x.max(), stats.max_ms)):
+        if abs(want - got) > 1e-9 + 1e-6 * abs(want):
+            return f"{name} reported {got:.6g} ms, samples give {want:.6g} ms"
+    return ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Roofline floor
+# ---------------------------------------------------------------------------------------------
+def below_sol_floor(task, workload, timing: TimingStats | None, gpu_name: str | None) -> Violation | None:
+    """``below_sol_floor`` when the timed mean or median is below the SOL time of the task's
+    ``sol.floor`` variant at the GPU's *datasheet* peaks (the least work any known design needs,
+    at rates no kernel can exceed). None on the CPU or an unknown GPU."""
+    from d2kbench.scoring.sol import DATASHEET, gpu_key, sol_ms
+
+    if timing is None or not gpu_name:
+        return None
+    key = gpu_key(gpu_name)
+    if key is None:
+        return None
+    sol = task.spec.sol
+    floor_ms, bind = sol_ms(sol.counts(sol.floor), workload.axes, DATASHEET[key])
+    t = min(timing.mean_ms, timing.median_ms)
+    if floor_ms > 0 and t < floor_ms:
+        return Violation(rule="below_sol_floor", evidence=(
+            f"timed {t * 1e3:.2f} us (mean {timing.mean_ms * 1e3:.2f}, min {timing.min_ms * 1e3:.2f}) is below the "
+            f"roofline floor {floor_ms * 1e3:.2f} us of variant {sol.floor!r} ({bind}-bound at {key} datasheet peaks)"))
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Harness files
+# ---------------------------------------------------------------------------------------------
+def harness_files(task_root: Path | None = None) -> list[Path]:
+    """The files a worker imports or reads that decide results: the harness, integrity, task
+    loading and scoring code, and the task's ``task.yaml`` and ``reference.py``."""
+    pkg = Path(__file__).resolve().parents[1]
+    files = [p for sub in ("harness", "integrity", "tasks", "scoring") for p in sorted((pkg / sub).glob("*.py"))]
+    files += [pkg / "__init__.py"]
+    if task_root is not None:
+        files += [Path(task_root) / "task.yaml", Path(task_root) / "reference.py"]
+    return [f for f in files if f.is_file()]
+
+
+class FileWatch:
+    """Content hashes of files, re-checked after every workload. A change is reported once
+    (to the workload that ran just before) and then becomes the new baseline."""
+
+    def __init__(self, files: list[Path]):
+        self.files = list(files)
+        self.hashes = {f: self._hash(f) for f in self.files}
+
+    @staticmethod
+    def _hash(path: Path) -> str | None:
+        try:
+            return hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError:
+            return None
+
+    def changes(self) -> list[Violation]:
+        """``harness_tampering`` violations for files whose content changed since the last call."""
+        out = []
+        for f in self.files:
+            now = self._hash(f)
+            if now != self.hashes[f]:
+                out.append(Violation(rule="harness_tampering", evidence=f"{f} changed during the evaluation "
+                                     f"(sha256 {str(self.hashes[f])[:12]} -> {str(now)[:12]})"))
+                self.hashes[f] = now
+        return out
+
+
+class Checker:
+    """The harness's checks of one workload as two calls: ``expected(pristine)`` (reference
+    outputs and states) and ``check(call, args, pristine, reply)`` (results, violations).
+    An adapter over :func:`d2kbench.harness.evaluate.check_reply` (imported lazily: the
+    harness imports this module)."""
+
+    def __init__(self, task, reference, workload):
+        self.task = task
+        self.ref = reference
+        self.wl = workload
+        self.spec = task.spec
+
+    def _expected(self, pristine: list):
+        from d2kbench.harness.evaluate import _Expected
+
+        return _Expected(self.task, self.ref, self.wl, pristine)
+
+    def expected(self, pristine: list) -> tuple[list, list]:
+        """(reference outputs, argument states after the reference ran) on ``pristine``."""
+        return self._expected(pristine).reference()
+
+    def check(self, call: int, args: list, pristine: list, reply: dict) -> tuple[list[CheckResult], list[Violation]]:
+        """Every check of one answer (``args``: the arguments after the call)."""
+        from d2kbench.harness.evaluate import check_reply
+
+        return check_reply(call, self.spec, self.wl, self.ref, args, self._expected(pristine), reply)
+
+
+class ParentGuard:
+    """The parent's integrity state for one solution of one evaluation; the harness calls its
+    hooks from :func:`d2kbench.harness.evaluate.run_workload`."""
+
+    def __init__(self, task, solution_path: Path, device: str, trusted: bool, static: bool = True,
+                 sensitivity: bool = True, files: FileWatch | None = None):
+        self.task = task
+        self.trusted = trusted
+        self.device = device
+        self.sensitivity_on = sensitivity and not trusted
+        self.static = [] if trusted or not static else static_violations(solution_path, task.spec.forbidden.modules)
+        self.files = files
+        self.gpu_name = torch.cuda.get_device_name(0) if device == "cuda" and torch.cuda.is_available() else None
+        self._last: tuple[list, list] | None = None
+
+    def on_reply(self, call: int, reply: dict, pristine: list, last: bool) -> list[Violation]:
+        """Violations of one correctness answer beyond the output checks: the worker's findings
+        (plus the static findings with call 0). Keeps the last check call's inputs and outputs
+        for :meth:`sensitivity`."""
+        out = [Violation(**v) for v in reply.get("violations") or []]
+        if call == 0:
+            out += self.static
+        if last:
+            self._last = (pristine, [o.clone() if isinstance(o, torch.Tensor) else None for o in reply["outputs"]])
+        return out
+
+    def sensitivity(self, request: Callable[[list], dict], reference, workload
+                    ) -> tuple[list[CheckResult], list[CheckResult], list[Violation]]:
+        """(failed checks, all checks, violations) of the sensitivity call (empty when off)."""
+        if not self.sensitivity_on or self._last is None:
+            return [], [], []
+        pristine, outputs = self._last
+        self._last = None
+        try:
+            results, violations = sensitivity_check(request, Checker(self.task, reference, workload), pristine, outputs)
+        except WorkerFailure:
+            raise
+        except Exception as e:  # noqa: BLE001 - a defect of this check must not end the evaluation
+            return [], [CheckResult(call=SENSITIVITY_CALL, name="sensitivity:skipped", passed=True,
+                                    detail=f"check failed internally: {type(e).__name__}: {e}"[:300])], []
+        return [r for r in results if not r.passed], results, violations
+
+    def time_request_extra(self) -> dict:
+        """Secret fields of the ``time`` request: the stash seed, fresh profile seeds, the graph
+        verification seed (the worker cannot predict any of them)."""
+        if self.trusted:
+            return {}
+        return {"integrity": {"stash_seed": secrets.randbits(63), "profile_seeds": [secrets.randbits(63) for _ in range(3)],
+                              "verify_seed": secrets.randbits(63)}}
+
+    def after_timing(self, reply: dict, reference, workload, seeds: list[int], extra: dict
+                     ) -> tuple[list[CheckResult], list[Violation]]:
+        """Everything the parent checks in a ``timing`` answer (worker findings included)."""
+        violations = [Violation(**v) for v in reply.get("violations") or []]
+        if self.trusted:
+            return [], violations
+        checker = Checker(self.task, reference, workload)
+        verify_seed = (extra.get("integrity") or {}).get("verify_seed")
+        r1, v1, r2, v2 = [], [], [], []
+        try:
+            r1, v1 = check_timed_outputs(reply, checker, reference, workload, seeds, self.device)
+            r2, v2 = check_graph_verify(reply, checker, reference, workload, verify_seed, self.device)
+        except Exception as e:  # noqa: BLE001 - a defect of these checks must not end the evaluation
+            r1.append(CheckResult(call=TIMED_CALL, name="timed:skipped", passed=True,
+                                  detail=f"check failed internally: {type(e).__name__}: {e}"[:300]))
+        violations += v1 + v2
+        stats = TimingStats.model_validate(reply["stats"])
+        bad = stats_inconsistency(stats)
+        if bad:
+            violations.append(Violation(rule="forged_answer", evidence=f"timing statistics do not match their samples: {bad}"))
+        floor = below_sol_floor(self.task, workload, stats, self.gpu_name)
+        if floor is not None:
+            violations.append(floor)
+        return r1 + r2, violations
+
+    @staticmethod
+    def from_failure(failure) -> list[Violation]:
+        """The integrity findings a failed request carried (e.g. a blocked operation)."""
+        return [Violation(**v) for v in getattr(failure, "violations", None) or []]
+
+    def after_workload(self) -> list[Violation]:
+        """File-hash changes since the previous workload (only for untrusted solutions)."""
+        return self.files.changes() if self.files is not None and not self.trusted else []
+
+
+def make_guards(task, paths: dict[str, Path], device: str, opts) -> dict[str, ParentGuard]:
+    """One :class:`ParentGuard` per solution label (empty when ``opts.integrity`` is off).
+
+    ``paths`` maps labels to solution files; the task's ``reference.py`` is trusted."""
+    if not getattr(opts, "integrity", True):
+        return {}
+    files = FileWatch(harness_files(task.root))
+    ref = (Path(task.root) / "reference.py").resolve()
+    return {label: ParentGuard(task, path, device, trusted=Path(path).resolve() == ref,
+                               static=getattr(opts, "static_checks", True), sensitivity=getattr(opts, "sensitivity", True),
+                               files=files)
+            for label, path in paths.items()}
+
+
+def external_edit_only(evaluation) -> bool:
+    """True when the only findings of an evaluation's candidate are file-hash changes of the
+    harness (someone edited the working tree during the run, which the hash cannot tell apart
+    from tampering); tests and ``d2k evil`` run such an evaluation once more."""
+    vs = [v for r in evaluation.candidate.results for v in r.violations]
+    return bool(vs) and all(v.rule == "harness_tampering" and "changed during the evaluation" in v.evidence for v in vs)

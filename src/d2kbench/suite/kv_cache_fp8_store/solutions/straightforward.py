@@ -1,0 +1,66 @@
+"""FP8 KV-cache store, straightforward Triton port (no expert design).
+
+A competent direct translation of ``reshape_and_cache_flash``: one program per (token, KV
+head), one head row of D elements each, key and value handled by the same program, the
+padding slot masked. Shapes: key/value ``[T, Hkv, D]`` bf16, caches ``[NB, BS, Hkv, D]``
+float8_e4m3fn written in place, ``slot_mapping [T]`` int64, scales ``[1]`` float32.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def _exact_e4m3(y, INTERPRET: tl.constexpr):
+    """fp32 (|y| <= 448) -> fp8e4nv, round to nearest even. Under the CPU interpreter the cast
+    mis-rounds across binades, so values are first rounded onto the e4m3 grid in fp32."""
+    if INTERPRET:
+        bits = y.to(tl.int32, bitcast=True)
+        k = tl.maximum(((bits >> 23) & 0xFF) - 127, -6) - 3
+        magic = (((k + 150) << 23) | (1 << 22)).to(tl.float32, bitcast=True)
+        r = (y + magic) - magic
+        y = (r.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)
+    return y.to(tl.float8e4nv)
+
+
+@triton.jit
+def _store_kernel(K, V, KC, VC, SLOTS, KS, VS, D, PAGE,
+                  stride_kt, stride_kh, stride_vt, stride_vh,
+                  stride_kcp, stride_kcs, stride_kch, stride_vcp, stride_vcs, stride_vch,
+                  BLOCK_D: tl.constexpr, INTERPRET: tl.constexpr):
+    """Grid (T, Hkv)."""
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    slot = tl.load(SLOTS + t)
+    page = slot // PAGE
+    pos = slot % PAGE
+    d = tl.arange(0, BLOCK_D)
+    mask = (d < D) & (slot >= 0)
+    k = tl.load(K + t * stride_kt + h * stride_kh + d, mask=mask, other=0.0).to(tl.float32)
+    k = tl.minimum(tl.maximum(k / tl.load(KS), -448.0), 448.0)
+    tl.store(KC + page * stride_kcp + pos * stride_kcs + h * stride_kch + d, _exact_e4m3(k, INTERPRET), mask=mask)
+    v = tl.load(V + t * stride_vt + h * stride_vh + d, mask=mask, other=0.0).to(tl.float32)
+    v = tl.minimum(tl.maximum(v / tl.load(VS), -448.0), 448.0)
+    tl.store(VC + page * stride_vcp + pos * stride_vcs + h * stride_vch + d, _exact_e4m3(v, INTERPRET), mask=mask)
+
+
+def run(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+        slot_mapping: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor) -> None:
+    """FP8 KV-cache store (in place, returns None)."""
+    T, Hkv, D = key.shape
+    BS = key_cache.shape[1]
+    if T == 0:
+        return None
+    _store_kernel[(T, Hkv)](key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, D, BS,
+                            key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+                            key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+                            value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+                            BLOCK_D=triton.next_power_of_2(D), INTERPRET=_INTERPRET, num_warps=4)
+    return None

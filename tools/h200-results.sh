@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The H200 measurements committed under results/h200/, in one script (run on the device
+# machine from the repo root; writes to $OUT, then copy to results/h200/ here).
+#   part core:  d2k eval of the straightforward Muon solution vs the reference, twice
+#               (harness overhead and repeatability)  -> muon_newton_schulz_straightforward.*
+#   part muon:  d2k bench of expert and straightforward vs the reference with the bars
+#               of the Muon expert issue             -> muon_newton_schulz.*
+#   part evil:  the evil-solution suite on the GPU      -> evil.*
+# Usage: bash tools/h200-results.sh core muon evil
+set -uo pipefail
+source tools/device-env.sh || exit 1
+OUT=${OUT:-results/h200}
+export COLUMNS=200
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit,temperature.gpu --format=csv
+paper=(-w paper_32x2048x5464 -w paper_32x4096x11008 -w paper_8x7168x18432)
+for part in "$@"; do
+  echo "=== $part ($(date -u +%H:%M:%S))"
+  case $part in
+    core)
+      d2k eval muon_newton_schulz straightforward --device cuda --baseline reference --repeat 2 "${paper[@]}" \
+        --json "$OUT/muon_newton_schulz_straightforward.json" --markdown "$OUT/muon_newton_schulz_straightforward.md" \
+        --store "$OUT/d2k.sqlite" | tail -n 40 ;;
+    muon)
+      d2k bench muon_newton_schulz -s expert -s straightforward --baseline reference --device cuda \
+        --bar "expert/reference>=1.8" --bar "expert/straightforward>=1.5" \
+        --json "$OUT/muon_newton_schulz.json" --markdown "$OUT/muon_newton_schulz.md" --store "$OUT/d2k.sqlite" \
+        > /tmp/muon_bench.log 2>&1; echo "bench rc=$?"; tail -n 5 /tmp/muon_bench.log; cat "$OUT/muon_newton_schulz.md" ;;
+    evil)
+      timeout 200 python3 -m d2kbench.cli evil --device cuda --jobs 6 --json "$OUT/evil.json" --markdown "$OUT/evil.md" > /tmp/evil.log 2>&1; echo "evil rc=$?"; tail -n 60 "$OUT/evil.md" ;;
+    *) echo "unknown part $part" ;;
+  esac
+done
+echo "=== done ($(date -u +%H:%M:%S))"
