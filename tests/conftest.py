@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-import pytest
 import torch
+
+if not torch.cuda.is_available():
+    # Like a CPU worker process: Triton is interpreted from its first import on, so that the
+    # kernels of Triton's own standard library (@triton.jit helpers) are interpreted too.
+    # Set before any test module imports triton (torch itself does not).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
 
 from d2kbench.harness.evaluate import Options, evaluate
 from d2kbench.tasks import load_task

@@ -52,8 +52,8 @@ def show(task: str) -> None:
     t = _task(task)
     s = t.spec
     console.print(f"[bold]{s.id}[/bold]: {s.title}  ({s.category}, timing: {s.timing.mode})")
-    console.print("origin: " + "; ".join(s.origin))
-    console.print(s.description.rstrip())
+    console.print("origin: " + "; ".join(s.origin), markup=False)
+    console.print(s.description.rstrip(), markup=False, highlight=False)
     args = Table("argument", "kind", "shape", "dtype", "layout", "mutable", title="run(...) arguments")
     for a in s.args:
         if a.kind == "tensor":

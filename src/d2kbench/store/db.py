@@ -274,14 +274,20 @@ class Store:
 
     def finish_run(self, run_id: str, *, status: str, final_candidate: int | None = None,
                    exit_reason: str | None = None, error: str | None = None, cost_usd: float | None = None,
-                   cli_cost_usd: float | None = None, summary: dict | None = None) -> None:
-        """Close a run: status ``finished``, ``failed`` or ``interrupted``, its final candidate and summary."""
+                   cli_cost_usd: float | None = None, summary: dict | None = None) -> bool:
+        """Close a run: status ``finished``, ``failed`` or ``interrupted``, its final candidate and summary.
+
+        Only a run still ``running`` is closed. A worker that outlived a killed campaign and
+        finishes after the resume marked its attempt ``interrupted`` (and started the next one)
+        changes nothing, so a run is never counted finished twice. Returns whether it closed.
+        """
         with self.conn:
-            self.conn.execute(
+            cur = self.conn.execute(
                 "UPDATE runs SET status=?, finished_at=?, final_candidate=?, exit_reason=?, error=?, cost_usd=?,"
-                " cli_cost_usd=?, summary_json=? WHERE run_id=?",
+                " cli_cost_usd=?, summary_json=? WHERE run_id=? AND status='running'",
                 (status, _now(), final_candidate, exit_reason, error, cost_usd, cli_cost_usd,
                  json.dumps(summary or {}, default=str), run_id))
+        return cur.rowcount == 1
 
     def mark_interrupted(self, run_ids: list[str], reason: str) -> None:
         """Set runs left ``running`` by a dead process to ``interrupted`` (their rows stay)."""
