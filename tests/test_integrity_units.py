@@ -312,3 +312,13 @@ def test_perturb_handles_fp8_inputs():
     x = torch.randn(64).to(torch.float8_e4m3fn)
     new, desc = perturb([x], spec, secrets.SystemRandom(), 1.0)
     assert int((new[0].float() != x.float()).sum()) == 1 and desc.startswith("x[")
+
+
+def test_perturbation_scale_ignores_nan_slots_and_handles_fp8():
+    """Paged caches hold NaN in unused slots and FP8 has no abs kernel on the GPU: the scale of a
+    perturbation must stay finite (a NaN scale would write NaN into a used slot)."""
+    x = torch.tensor([float("nan"), -3.0, 2.0, float("inf")])
+    assert ops.finite_abs_max(x) == 3.0
+    assert ops.finite_abs_max(torch.full((4,), float("nan"))) == 1.0
+    f8 = torch.tensor([0.5, -448.0, 2.0]).to(torch.float8_e4m3fn)
+    assert ops.finite_abs_max(f8) == 448.0

@@ -459,7 +459,7 @@ class Guard:
         rng = random.Random()
         float_args = [a for a in sets[0] if isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel()
                       and a.is_contiguous()]
-        scales = [float(a.abs().max()) or 1.0 for a in float_args]  # once: no reduction or sync per replay
+        scales = [ops.finite_abs_max(a) for a in float_args]  # once: no reduction or sync per replay
 
         def before_replay() -> None:
             if not float_args:

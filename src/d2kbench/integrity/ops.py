@@ -107,3 +107,15 @@ def make_op_monitor():
             return func(*args, **(kwargs or {}))
 
     return _OpMonitor(), seen
+
+
+def finite_abs_max(t, sample: int = 1 << 22) -> float:
+    """Largest finite |value| among the first ``sample`` elements of ``t`` (1.0 when there is
+    none), in float32: FP8 tensors have no abs/max kernels on the GPU, NaN-filled unused slots
+    (paged caches) must not turn a perturbation into NaN, and a multi-GB input is not copied."""
+    import torch
+
+    x = t.reshape(-1)[:sample].float()
+    x = x[torch.isfinite(x)]
+    m = float(x.abs().max()) if x.numel() else 0.0
+    return m or 1.0

@@ -26,6 +26,7 @@ from d2kbench.harness import checks
 from d2kbench.harness.inputs import clone_args, make_args
 from d2kbench.harness.process import WorkerFailure
 from d2kbench.harness.results import CheckResult, TimingStats, Violation
+from d2kbench.integrity.ops import finite_abs_max
 from d2kbench.integrity.static import static_violations  # noqa: F401 - re-exported
 from d2kbench.tasks.schema import TensorArg
 
@@ -75,7 +76,7 @@ def perturb(args: list, spec_args: list, rng: secrets.SystemRandom, factor: floa
         return None
     j = rng.randrange(flat.numel())
     old = float(flat[j].float())  # float32 arithmetic: FP8 tensors have no max/abs kernels
-    scale = float(a.float().abs().max()) or 1.0
+    scale = finite_abs_max(a)
     lim = float(torch.finfo(a.dtype).max) / 4
     target = old + rng.choice((-1.0, 1.0)) * factor * scale
     flat[j:j + 1].copy_(torch.tensor([max(-lim, min(lim, target))], dtype=torch.float32))
