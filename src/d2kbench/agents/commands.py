@@ -13,7 +13,7 @@ from rich.table import Table
 console = Console()
 
 
-def _parse_options(items: list[str] | None) -> dict:
+def parse_options(items: list[str] | None) -> dict:
     """``KEY=VALUE`` pairs (values parsed as JSON when they are JSON, else kept as text)."""
     out: dict = {}
     for item in items or []:
@@ -89,7 +89,7 @@ def register(app: typer.Typer) -> None:
         try:
             spec = RunSpec(task=task, model=model, backend=backend, guidance=guidance, base_url=base_url,
                            budget_turns=budget_turns, wall_clock_s=wall_clock, device=device, seed=seed,
-                           backend_options=_parse_options(option))
+                           backend_options=parse_options(option))
         except ValidationError as e:
             for err in e.errors():
                 console.print(f"[red]{'.'.join(map(str, err['loc']))}: {err['msg']}[/red]")

@@ -11,21 +11,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from d2kbench.agents.commands import parse_options
+
 console = Console()
 
 
-def _options(items: list[str] | None) -> dict:
-    """``KEY=VALUE`` backend options (values parsed as JSON when they are JSON)."""
-    out: dict = {}
-    for item in items or []:
-        if "=" not in item:
-            raise typer.BadParameter(f"--option {item!r} is not KEY=VALUE")
-        k, v = item.split("=", 1)
-        try:
-            out[k] = json.loads(v)
-        except json.JSONDecodeError:
-            out[k] = v
-    return out
+_options = parse_options  # ``KEY=VALUE`` backend options, shared with `d2k run`
 
 
 def _fail(message: str, code: int = 2) -> None:
