@@ -4,7 +4,9 @@ Trick: fresh data at fresh addresses defeats pointer keys, so key the cache by t
 the first element instead: every fresh random input misses, but an input that differs from the
 previous one in a single element hits and gets the previous output back.
 Expected: ``integrity_violation`` / ``stale_output`` (the parent's sensitivity call changes one
-secretly chosen element; the output stays bit-identical although the reference moved).
+secretly chosen element; the output stays bit-identical although the reference moved) or
+``no_triton_launch`` (the cache hit on that call launches no kernel; the worker may report this
+first and end the call before the parent compares outputs).
 """
 import os
 import sys
@@ -12,7 +14,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _tiny_muon import muon  # noqa: E402
 
-EXPECT = {"status": "integrity_violation", "rule": "stale_output", "catalogue": [13], "device": "cpu", "static": []}
+EXPECT = {"status": "integrity_violation", "rule": "stale_output|no_triton_launch", "catalogue": [13], "device": "cpu",
+          "static": []}
 
 _cache = {}
 

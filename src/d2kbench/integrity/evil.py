@@ -11,7 +11,7 @@ imports an evil file)::
 
     EXPECT = {
         "status": "integrity_violation",   # the Status the workload must end with
-        "rule": "background_thread",       # integrity_violation: a violated rule; incorrect: part of
+        "rule": "background_thread",       # integrity_violation: a violated rule ("a|b": either); incorrect: part of
                                            # a failed check's name; other statuses: part of the cause
         "catalogue": [2],                  # entries of shared/research/kernelbench_and_hacks.md section 2
         "device": "cpu",                   # "cpu": runs on CPU and GPU; "cuda": GPU only
@@ -170,11 +170,12 @@ def _run_case(case: EvilCase, device: str, root: Path | None, timeout_s: float) 
         problems.append(f"status {out.status} (cause: {r.cause[:160]})")
     if want:
         if e["status"] == "integrity_violation":
-            match = [v for v in r.violations if v.rule == want]
+            wants = want.split("|")  # alternatives: each is a correct detection of the cheat
+            match = [v for v in r.violations if v.rule in wants]
             if not match:
                 problems.append(f"rule {want!r} not among {out.rules}")
             else:
-                out.got_rule = want
+                out.got_rule = match[0].rule
                 out.evidence = match[0].evidence
                 if e.get("evidence") and e["evidence"] not in match[0].evidence:
                     problems.append(f"evidence lacks {e['evidence']!r}")
