@@ -102,6 +102,11 @@ def register(app: typer.Typer) -> None:
     common_backend = typer.Option(..., "--backend", "-b", envvar="D2K_JUDGE_BACKEND",
                                   help="openai, anthropic, claude-code or codex")
     common_model = typer.Option(..., "--model", "-m", envvar="D2K_JUDGE_MODEL", help="the judge's model id")
+    common_base_url = typer.Option(None, "--base-url", help="API base URL of the judge")
+    common_option = typer.Option(None, "--option", "-o", help="backend option KEY=VALUE")
+    common_samples = typer.Option(1, "--samples", "-n", min=1, max=15,
+                                  help="independent verdicts; reports the median and spread")
+    common_repair = typer.Option(True, "--repair/--no-repair", help="one repair round for failed evidence")
 
     @judge_app.command("impl")
     def judge_impl(
@@ -110,11 +115,10 @@ def register(app: typer.Typer) -> None:
         task: Optional[str] = typer.Option(None, "--task", "-t", help="the task of a solution name or path"),
         backend: str = common_backend,
         model: str = common_model,
-        base_url: Optional[str] = typer.Option(None, "--base-url", help="API base URL of the judge"),
-        option: Optional[list[str]] = typer.Option(None, "--option", "-o", help="backend option KEY=VALUE"),
-        samples: int = typer.Option(1, "--samples", "-n", min=1, max=15, help="independent verdicts; reports the "
-                                                                             "median and spread"),
-        repair: bool = typer.Option(True, "--repair/--no-repair", help="one repair round for failed evidence"),
+        base_url: Optional[str] = common_base_url,
+        option: Optional[list[str]] = common_option,
+        samples: int = common_samples,
+        repair: bool = common_repair,
         check: str = typer.Option("auto", "--check", help="how a solution's correctness is decided: auto, store, "
                                                           "evaluate or trust"),
         device: str = typer.Option("auto", "--device", help="for --check evaluate: auto, cuda or cpu"),
@@ -153,11 +157,10 @@ def register(app: typer.Typer) -> None:
         task: Optional[str] = typer.Option(None, "--task", "-t", help="the task (default: the design's 'task')"),
         backend: str = common_backend,
         model: str = common_model,
-        base_url: Optional[str] = typer.Option(None, "--base-url", help="API base URL of the judge"),
-        option: Optional[list[str]] = typer.Option(None, "--option", "-o", help="backend option KEY=VALUE"),
-        samples: int = typer.Option(1, "--samples", "-n", min=1, max=15, help="independent verdicts; reports the "
-                                                                             "median and spread"),
-        repair: bool = typer.Option(True, "--repair/--no-repair", help="one repair round for failed evidence"),
+        base_url: Optional[str] = common_base_url,
+        option: Optional[list[str]] = common_option,
+        samples: int = common_samples,
+        repair: bool = common_repair,
         max_tokens: int = typer.Option(16000, "--max-tokens", help="most output tokens per judge answer"),
         store_path: Optional[Path] = typer.Option(None, "--store", help="SQLite store (default ./d2k.sqlite)"),
         json_path: Optional[Path] = typer.Option(None, "--json", help="write the verdicts and statistics as JSON"),
