@@ -41,3 +41,75 @@ def test_benchmark_interleaves_solutions_and_checks_bars(muon):
 def test_work_model_of_solutions(muon):
     assert muon.spec.sol.work_of("expert")[0] == "gram_expert"
     assert muon.spec.sol.work_of("some/path.py")[0] == "reference"
+
+
+def _bench_of(task, solution: str, results: list, env: dict, floors: dict):
+    """A BenchmarkResult of one solution with given workload results (no GPU needed)."""
+    from d2kbench.harness.benchmark import BenchmarkResult, rates_of
+    from d2kbench.harness.results import SolutionRun
+
+    run = SolutionRun(solution=solution, path="-", sha256="-", role="candidate", results=results)
+    wls = [task.spec.workload(r.workload) for r in results]
+    return BenchmarkResult(id="x", task=task.id, device="cuda", created_at="-", baseline=solution, runs=[run],
+                           rates={solution: rates_of(task, solution, run, wls, env, floors)}, env=env,
+                           wall_s=1.0, timed_s=0.5, launch_floor_ms=floors)
+
+
+def test_bound_bars_follow_each_workloads_bound_class(muon):
+    from d2kbench.harness.results import WorkloadResult
+    from d2kbench.harness.timing import summarize
+    from d2kbench.report.benchmark import BoundBar
+    from d2kbench.scoring.sol import MEASURED, bound_of, sol_ms
+
+    wl = muon.spec.workload("paper_8x7168x18432")
+    h200 = MEASURED["H200"]
+    assert bound_of(muon.spec, wl, h200) == "compute"  # the floor model's tensor-core term dominates
+    assert bound_of(muon.spec, wl.model_copy(update={"bound": "latency"}), h200) == "latency"  # declared wins
+    small = muon.spec.workload("smoke_wide_2x32x96")  # a roofline time of nanoseconds: below any launch
+    assert bound_of(muon.spec, small, h200) == "memory" and bound_of(muon.spec, small, h200, 0.002) == "latency"
+    assert bound_of(muon.spec, wl, h200, 0.002) == "compute"
+    sol = sol_ms(muon.spec.sol.counts(muon.spec.sol.floor), wl.axes, h200)[0]
+    env = {"gpu": "NVIDIA H200"}
+    fast = WorkloadResult(workload=wl.id, status=Status.OK, timing=summarize([sol / 0.6] * 3, "events"))
+    res = _bench_of(muon, "expert", [fast], env, {"events": 0.005})
+    rate = res.rates["expert"][0]
+    assert rate.bound == "compute" and rate.pct_sol == pytest.approx(60.0)
+    assert rate.x_launch_floor == pytest.approx(sol / 0.6 / 0.005)
+    assert BoundBar("expert").check(res) == [(wl.id, "compute", "% SOL >= 50", pytest.approx(60.0), True)]
+    slow = WorkloadResult(workload=wl.id, status=Status.OK, timing=summarize([sol / 0.4] * 3, "events"))
+    assert BoundBar("expert").check(_bench_of(muon, "expert", [slow], env, {}))[0][-1] is False  # 40% < 50%
+    failed = WorkloadResult(workload=wl.id, status=Status.INCORRECT)
+    assert BoundBar("expert").check(_bench_of(muon, "expert", [failed], env, {}))[0][-1] is False
+    page = to_markdown(res, bound_bars=[BoundBar("expert")])
+    assert "| expert: compute-bound, % SOL >= 50 | paper_8x7168x18432 | 60.00 | PASS |" in page
+
+
+def test_latency_bar_uses_the_launch_floor(muon):
+    from d2kbench.harness.results import WorkloadResult
+    from d2kbench.harness.timing import summarize
+    from d2kbench.report.benchmark import BoundBar
+
+    wl = muon.spec.workload("paper_32x2048x5464")
+    latency = muon.spec.model_copy(update={"workloads": [
+        w.model_copy(update={"bound": "latency"}) if w.id == wl.id else w for w in muon.spec.workloads]})
+    task = type("T", (), {"spec": latency, "id": muon.id})()
+    env = {"gpu": "NVIDIA H200"}
+    for ms, ok in ((0.0125, True), (0.0175, False)):
+        r = WorkloadResult(workload=wl.id, status=Status.OK, timing=summarize([ms] * 3, "graph", calls_per_sample=8))
+        row = BoundBar("expert").check(_bench_of(task, "expert", [r], env, {"graph": 0.005}))[0]
+        assert row[1:3] == ("latency", "x launch floor <= 3") and row[3] == pytest.approx(ms / 0.005) and row[4] is ok
+
+
+def test_launch_floor_needs_a_gpu_and_a_gpu_timing_mode():
+    import torch
+
+    from d2kbench.harness.launch_floor import launch_floor_ms
+
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no launch floor"):
+            launch_floor_ms("cpu")
+        graph, events = launch_floor_ms("graph"), launch_floor_ms("events")
+        assert 1e-4 < graph < events < 0.2  # ms: a graph replay amortises the host launch cost
+    else:
+        with pytest.raises(RuntimeError, match="measured on a GPU"):
+            launch_floor_ms("graph")

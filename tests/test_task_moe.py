@@ -6,7 +6,7 @@ the align outputs accepts every valid order and rejects broken ones; the expert 
 the check; the FP8 conversion used under the interpreter is bit-exact; the tolerances accept
 valid variants and reject wrong ones; expert and straightforward pass the harness on smoke
 workloads. Real bf16/FP8 numerics and speed are measured on the H200 by
-devtools/gpu_tasks_moe.py.
+`bash tools/h200-results.sh tasks` (results/h200/tasks/).
 """
 
 from __future__ import annotations

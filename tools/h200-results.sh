@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # The H200 measurements committed under results/h200/, in one script (run on the device
-# machine from the repo root; writes to $OUT, then copy to results/h200/ here).
+# machine from the repo root; writes to $OUT). Then, here: copy the .json/.md files to
+# results/h200/ and append the run's store to the committed one:
+#   d2k results --store results/h200/d2k.sqlite --merge <files_at>/d2k.sqlite
 #   part core:  d2k eval of the straightforward Muon solution vs the reference, twice
 #               (harness overhead and repeatability)  -> muon_newton_schulz_straightforward.*
 #   part muon:  d2k bench of expert and straightforward vs the reference with the bars
 #               of the Muon expert issue             -> muon_newton_schulz.*
 #   part evil:  the evil-solution suite on the GPU      -> evil.*
-# Usage: bash tools/h200-results.sh core muon evil
+#   part tasks: d2k bench of every other task: expert, straightforward and the task's GPU
+#               alternatives (alt:NAME) vs the reference on all registered workloads, with the
+#               bars of issue 8 (expert >= straightforward, the bound-class bar, prefill expert
+#               >= SDPA flash)                         -> tasks/<task>.*
+#               (one task only: TASKS="paged_decode_gqa" bash tools/h200-results.sh tasks)
+# Usage: bash tools/h200-results.sh core muon evil tasks
 set -uo pipefail
 source tools/device-env.sh || exit 1
 OUT=${OUT:-results/h200}
@@ -27,6 +34,18 @@ for part in "$@"; do
         > /tmp/muon_bench.log 2>&1; echo "bench rc=$?"; tail -n 5 /tmp/muon_bench.log; cat "$OUT/muon_newton_schulz.md" ;;
     evil)
       timeout 200 python3 -m d2kbench.cli evil --device cuda --jobs 6 --json "$OUT/evil.json" --markdown "$OUT/evil.md" > /tmp/evil.log 2>&1; echo "evil rc=$?"; tail -n 60 "$OUT/evil.md" ;;
+    tasks)
+      mkdir -p "$OUT/tasks"
+      for t in ${TASKS:-gqa_flash_prefill paged_decode_gqa kv_cache_fp8_store moe_align_block_size fused_moe_bf16 per_token_group_quant_fp8}; do
+        alts=$(python3 -c "from d2kbench.tasks import load_task; print(' '.join('-s alt:' + a.name for a in load_task('$t').spec.alternatives if 'cuda' in a.devices))")
+        extra=()
+        [ "$t" = gqa_flash_prefill ] && extra=(--bar "expert/alt:sdpa_flash>=1.0")
+        echo "--- $t ($(date -u +%H:%M:%S)): expert straightforward $alts"
+        timeout 300 python3 -m d2kbench.cli bench "$t" -s expert -s straightforward $alts --baseline reference --device cuda \
+          --bar "expert/straightforward>=1.0" --bound-bar expert "${extra[@]}" \
+          --json "$OUT/tasks/$t.json" --markdown "$OUT/tasks/$t.md" --store "$OUT/d2k.sqlite" > "/tmp/bench_$t.log" 2>&1
+        echo "bench $t rc=$?"; tail -n 3 "/tmp/bench_$t.log"
+      done ;;
     *) echo "unknown part $part" ;;
   esac
 done

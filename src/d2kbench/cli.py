@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 from typing import Optional
 
@@ -77,21 +78,29 @@ def show(task: str) -> None:
         axes = ", ".join(f"{k}={v}" for k, v in {**w.axes, **w.params}.items())
         wl.add_row(w.id, axes, kind, f"{ref_ms:.4f}", f"{floor_ms:.4f}", bind, f"{sheet_ms:.4f}", w.source[:40])
     console.print(wl)
+    if s.alternatives:
+        alts = Table("solution", "runs", "devices", "what a user would run", title="alternatives (trusted comparators)")
+        for a in s.alternatives:
+            alts.add_row(f"alt:{a.name}", a.file or "torch.compile(reference.run)", ", ".join(a.devices), a.description)
+        console.print(alts)
     files = sorted(str(p.relative_to(t.root)) for p in t.root.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
     console.print("files: " + ", ".join(files))
 
 
 @app.command()
 def validate(task: list[str] = typer.Argument(None, help="task ids (default: all)"),
-             no_smoke: bool = typer.Option(False, "--no-smoke", help="skip running the smoke workloads")) -> None:
-    """Check every task folder against the task contract."""
+             no_smoke: bool = typer.Option(False, "--no-smoke", help="skip running the smoke workloads"),
+             no_alternatives: bool = typer.Option(False, "--no-alternatives",
+                                                  help="skip running the alternatives (alt:NAME) on the smoke workloads"),
+             ) -> None:
+    """Check every task folder against the task contract (alternatives included)."""
     from d2kbench.tasks.loader import list_tasks
     from d2kbench.tasks.validate import validate_task
 
     ids = task or list_tasks()
     bad = 0
     for tid in ids:
-        problems = validate_task(tid, run_smoke=not no_smoke)
+        problems = validate_task(tid, run_smoke=not no_smoke, run_alternatives=not no_alternatives)
         if problems:
             bad += 1
             console.print(f"[red]FAIL[/red] {tid}")
@@ -106,10 +115,11 @@ def validate(task: list[str] = typer.Argument(None, help="task ids (default: all
 @app.command("eval")
 def eval_cmd(
     task: str,
-    solution: str = typer.Argument(..., help="a solution of the task (straightforward, expert, reference) or a path"),
+    solution: str = typer.Argument(..., help="a solution of the task (straightforward, expert, reference), "
+                                             "an alternative (alt:NAME, see `d2k show`) or a path"),
     workload: Optional[list[str]] = typer.Option(None, "--workload", "-w", help="workload id (repeatable)"),
     device: str = typer.Option("auto", help="auto, cuda or cpu (cpu: smoke workloads, Triton interpreter)"),
-    baseline: str = typer.Option("reference", help="reference, straightforward, expert, a path, or none"),
+    baseline: str = typer.Option("reference", help="reference, straightforward, expert, alt:NAME, a path, or none"),
     json_path: Optional[Path] = typer.Option(None, "--json", help="write the evaluation(s) as JSON"),
     markdown: Optional[Path] = typer.Option(None, "--markdown", help="write a markdown table"),
     store_path: Path = typer.Option(None, "--store", help="SQLite results store (default ./d2k.sqlite or $D2K_STORE)"),
@@ -120,16 +130,16 @@ def eval_cmd(
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from d2kbench.harness.evaluate import Options, default_workloads, evaluate, resolve_device
-    from d2kbench.report.evaluation import COLUMNS, rows, summary, to_markdown
+    from d2kbench.report.evaluation import COLUMNS, overhead_line, rows, summary, to_markdown
     from d2kbench.store import DEFAULT_PATH, Store
 
     t = _task(task)
     try:
         dev = resolve_device(device)
         wls = [t.spec.workload(w) for w in workload] if workload else default_workloads(t, dev)
-        t.resolve_solution(solution)
+        t.resolve_solution(solution, dev)
         if baseline != "none":
-            t.resolve_solution(baseline)
+            t.resolve_solution(baseline, dev)
     except (ValueError, KeyError, FileNotFoundError) as e:
         console.print(f"[red]{e}[/red]")
         raise typer.Exit(2) from None
@@ -153,8 +163,7 @@ def eval_cmd(
             for v in r.violations:
                 console.print(f"  [red]integrity[/red] {r.workload}: rule {v.rule}: {v.evidence}")
         console.print(summary(ev))
-        console.print(f"harness: wall {ev.wall_s:.1f} s, timed {ev.timed_s:.1f} s, overhead {ev.overhead_s:.1f} s; "
-                      f"stored in {store.path}")
+        console.print(f"harness: {overhead_line(ev.wall_s, ev.timed_s, ev.phases_s)}; stored in {store.path}")
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps([ev.model_dump(mode="json") for ev in evs], indent=1))
@@ -169,22 +178,30 @@ def eval_cmd(
 @app.command()
 def bench(
     task: str,
-    solution: list[str] = typer.Option(..., "--solution", "-s", help="solution name or path (repeatable)"),
-    baseline: str = typer.Option("reference", help="the baseline solution"),
+    solution: list[str] = typer.Option(..., "--solution", "-s", help="solution name (straightforward, expert, "
+                                       "reference), alternative alt:NAME (see `d2k show`) or path (repeatable)"),
+    baseline: str = typer.Option("reference", help="the baseline solution (a name, alt:NAME or a path)"),
     workload: Optional[list[str]] = typer.Option(None, "--workload", "-w", help="workload id (repeatable)"),
     device: str = typer.Option("auto", help="auto, cuda or cpu"),
     bar: Optional[list[str]] = typer.Option(None, help="performance bar A/B>=X checked on every workload (repeatable)"),
+    bound_bar: Optional[list[str]] = typer.Option(None, "--bound-bar", help="a solution that must meet its workloads' "
+                                                  "bound-class bar: memory >= 70% SOL, compute >= 50% SOL, "
+                                                  "latency <= 3x launch floor (repeatable)"),
     json_path: Optional[Path] = typer.Option(None, "--json", help="write the result as JSON"),
     markdown: Optional[Path] = typer.Option(None, "--markdown", help="write a markdown page"),
     store_path: Path = typer.Option(None, "--store", help="SQLite results store"),
     timeout: Optional[float] = typer.Option(None, help="seconds per worker request"),
 ) -> None:
-    """Time several solutions side by side (interleaved, same inputs) and check performance bars."""
+    """Time several solutions side by side (interleaved, same inputs) and check performance bars.
+
+    A solution may be one of the task's alternatives (-s alt:NAME, listed by `d2k show`): what a
+    user would run instead of writing the kernel (PyTorch SDPA backends, torch.compile of the
+    reference), checked like any solution."""
     from rich.markdown import Markdown
 
     from d2kbench.harness.benchmark import benchmark
     from d2kbench.harness.evaluate import Options, default_workloads, resolve_device
-    from d2kbench.report.benchmark import Bar, to_markdown
+    from d2kbench.report.benchmark import Bar, BoundBar, to_markdown
     from d2kbench.store import DEFAULT_PATH, Store
 
     t = _task(task)
@@ -192,8 +209,12 @@ def bench(
         dev = resolve_device(device)
         wls = [t.spec.workload(w) for w in workload] if workload else default_workloads(t, dev)
         bars = [Bar.parse(b) for b in bar or []]
+        bound_bars = [BoundBar(s) for s in bound_bar or []]
+        unknown = [b.solution for b in bound_bars if b.solution not in solution]
+        if unknown:
+            raise ValueError(f"--bound-bar names {unknown}, which are not among the benchmarked solutions {solution}")
         for s in [*solution, baseline]:
-            t.resolve_solution(s)
+            t.resolve_solution(s, dev)
     except (ValueError, KeyError, FileNotFoundError) as e:
         console.print(f"[red]{e}[/red]")
         raise typer.Exit(2) from None
@@ -202,7 +223,7 @@ def bench(
         res = benchmark(t, list(solution), wls, dev, baseline, store=store, options=Options(timeout_s=timeout),
                         progress=lambda m: st.update(m))
     store.close()
-    page = to_markdown(res, bars)
+    page = to_markdown(res, bars, bound_bars)
     console.print(Markdown(page))
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
@@ -211,7 +232,8 @@ def bench(
         markdown.parent.mkdir(parents=True, exist_ok=True)
         markdown.write_text(page)
     failed = any(r.status.failed for run in res.runs for r in run.results)
-    missed = any(not ok for b in bars for _, _, ok in b.check(res))
+    missed = any(not ok for b in bars for _, _, ok in b.check(res)) or \
+        any(not row[-1] for b in bound_bars for row in b.check(res))
     if failed or missed:
         raise typer.Exit(1)
 
@@ -260,11 +282,22 @@ def results(
     solution: Optional[str] = typer.Option(None, help="a solution name or sha256 prefix"),
     limit: int = typer.Option(30, help="newest N rows"),
     store_path: Path = typer.Option(None, "--store", help="SQLite results store"),
+    merge: Optional[list[Path]] = typer.Option(None, "--merge", help="first append the evaluations of another "
+                                               "store file (e.g. from a GPU machine); repeatable"),
 ) -> None:
     """List recorded evaluation results, newest first."""
     from d2kbench.store import DEFAULT_PATH, Store
 
     path = store_path or DEFAULT_PATH
+    for other in merge or []:
+        try:
+            target = Store(path)
+            n = target.merge_evaluations(other)
+            target.close()
+        except (FileNotFoundError, sqlite3.DatabaseError) as e:
+            console.print(f"[red]cannot merge {other}: {e}[/red]")
+            raise typer.Exit(2) from None
+        console.print(f"merged {n} result rows from {other} into {path}")
     if not Path(path).exists():
         console.print(f"no results store at {path}")
         raise typer.Exit(1)

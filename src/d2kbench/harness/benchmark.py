@@ -16,9 +16,12 @@ from typing import Callable
 from pydantic import BaseModel
 
 from d2kbench.harness.env import fingerprint, nvidia_smi
-from d2kbench.harness.evaluate import Options, default_workloads, resolve_device, run_solutions, timed_seconds
+from d2kbench.harness.evaluate import (
+    Options, default_workloads, phase_breakdown, resolve_device, run_solutions, timed_seconds,
+)
+from d2kbench.harness.phases import PhaseClock, phase
 from d2kbench.harness.results import SolutionRun
-from d2kbench.scoring.sol import MEASURED, gpu_key
+from d2kbench.scoring.sol import MEASURED, bound_of, gpu_key, sol_ms
 from d2kbench.scoring.speedup import geomean
 from d2kbench.tasks.formula import evaluate_formula
 from d2kbench.tasks.loader import Task
@@ -30,6 +33,10 @@ class Rate(BaseModel):
 
     ``tflops`` = tensor-core FLOPs / mean latency (TFLOP/s); ``tbps`` = minimal bytes / mean
     latency (TB/s); ``pct_*`` against the measured ceilings of the GPU (None on the CPU).
+    ``bound`` is what limits the workload (:func:`d2kbench.scoring.sol.bound_of`);
+    ``pct_sol`` = 100 x the SOL time of the task's floor work model on the measured ceilings /
+    mean latency (the minimal bytes or FLOPs at the ceiling rate); ``x_launch_floor`` = mean
+    latency / the measured launch floor of the workload's timing mode.
     """
 
     workload: str
@@ -39,6 +46,9 @@ class Rate(BaseModel):
     tbps: float
     pct_bf16_ceiling: float | None
     pct_hbm_ceiling: float | None
+    bound: str | None = None
+    pct_sol: float | None = None
+    x_launch_floor: float | None = None
 
 
 class BenchmarkResult(BaseModel):
@@ -52,6 +62,8 @@ class BenchmarkResult(BaseModel):
     env: dict
     wall_s: float
     timed_s: float
+    launch_floor_ms: dict[str, float] = {}  # per timing mode, measured in this run (GPU only)
+    phases_s: dict[str, float] = {}  # exclusive wall seconds per harness phase (d2kbench.harness.phases)
 
     def run(self, solution: str) -> SolutionRun:
         return next(r for r in self.runs if r.solution == solution)
@@ -69,11 +81,15 @@ class BenchmarkResult(BaseModel):
         return geomean(vals) if vals and all(v is not None for v in vals) else None  # type: ignore[arg-type]
 
 
-def rates_of(task: Task, solution: str, run: SolutionRun, workloads: list[Workload], env: dict) -> list[Rate]:
+def rates_of(task: Task, solution: str, run: SolutionRun, workloads: list[Workload], env: dict,
+             launch_floors: dict[str, float] | None = None) -> list[Rate]:
     """Achieved TFLOP/s and TB/s of one solution, counting the work of the model the task file
-    assigns to it (``sol.solution_work``; paths and unknown names count the reference's work)."""
+    assigns to it (``sol.solution_work``; paths and unknown names count the reference's work),
+    plus the workload's bound, % of SOL and the multiple of the launch floor
+    (``launch_floors``: ms per timing mode, from :func:`d2kbench.harness.launch_floor.launch_floor_ms`)."""
     name, counts = task.spec.sol.work_of(solution)
     ceil = MEASURED.get(gpu_key(env.get("gpu")) or "")
+    floors = launch_floors or {}
     out = []
     for wl in workloads:
         r = run.result(wl.id)
@@ -82,10 +98,22 @@ def rates_of(task: Task, solution: str, run: SolutionRun, workloads: list[Worklo
         sec = r.timing.mean_ms / 1e3
         tflops = evaluate_formula(counts.tc_flops, wl.axes) / sec / 1e12
         tbps = evaluate_formula(counts.bytes, wl.axes) / sec / 1e12
+        floor = floors.get(r.timing.mode)
         out.append(Rate(workload=wl.id, work_model=name, mean_ms=r.timing.mean_ms, tflops=tflops, tbps=tbps,
                         pct_bf16_ceiling=100 * tflops / ceil.bf16_tflops if ceil else None,
-                        pct_hbm_ceiling=100 * tbps / ceil.hbm_tbps if ceil else None))
+                        pct_hbm_ceiling=100 * tbps / ceil.hbm_tbps if ceil else None,
+                        bound=bound_of(task.spec, wl, ceil, floor) if ceil else wl.bound,
+                        pct_sol=100 * sol_ms(task.spec.sol.counts(task.spec.sol.floor), wl.axes, ceil)[0] / r.timing.mean_ms
+                        if ceil else None,
+                        x_launch_floor=r.timing.mean_ms / floor if floor else None))
     return out
+
+
+def measure_launch_floors(modes: set[str]) -> dict[str, float]:
+    """The launch floor (ms) of each GPU timing mode in ``modes`` (``cpu`` has none)."""
+    from d2kbench.harness.launch_floor import launch_floor_ms
+
+    return {m: launch_floor_ms(m) for m in sorted(modes) if m in ("graph", "events")}
 
 
 def benchmark(task: Task, solutions: list[str], workloads: list[Workload] | None = None, device: str = "auto",
@@ -103,15 +131,23 @@ def benchmark(task: Task, solutions: list[str], workloads: list[Workload] | None
     device = resolve_device(device)
     workloads = workloads if workloads is not None else default_workloads(task, device)
     t0 = time.perf_counter()
-    env = fingerprint(device)
-    bid = uuid.uuid4().hex[:12]
-    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    entries = [(s, "candidate", s) for s in solutions] + [(baseline, "baseline", baseline)]
-    runs = run_solutions(task, entries, workloads, device, opts, env, bid, created, store, progress)
-    if device == "cuda":
-        env["smi_after"] = nvidia_smi()
+    clock = PhaseClock()
+    with clock.active():
+        with phase("environment"):
+            env = fingerprint(device)
+        bid = uuid.uuid4().hex[:12]
+        created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        entries = [(s, "candidate", s) for s in solutions] + [(baseline, "baseline", baseline)]
+        runs = run_solutions(task, entries, workloads, device, opts, env, bid, created, store, progress)
+        floors = {}
+        if device == "cuda":
+            with phase("environment"):
+                env["smi_after"] = nvidia_smi()
+            with phase("launch_floor"):
+                floors = measure_launch_floors({task.spec.timing_for(w).mode for w in workloads})
+    wall = time.perf_counter() - t0
     return BenchmarkResult(
         id=bid, task=task.id, device=device, created_at=created, baseline=baseline, runs=list(runs.values()),
-        rates={s: rates_of(task, s, runs[s], workloads, env) for s in names}, env=env,
-        wall_s=time.perf_counter() - t0, timed_s=timed_seconds(runs.values()),
+        rates={s: rates_of(task, s, runs[s], workloads, env, floors) for s in names}, env=env,
+        wall_s=wall, timed_s=timed_seconds(runs.values()), launch_floor_ms=floors, phases_s=phase_breakdown(clock, wall),
     )

@@ -8,7 +8,6 @@ Candidate and baseline alternate per workload (interleaved), each in its own wor
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import time
 import uuid
@@ -22,6 +21,8 @@ import torch
 from d2kbench.harness import checks
 from d2kbench.harness.env import fingerprint, nvidia_smi
 from d2kbench.harness.inputs import clone_args, make_args, secret_seed
+from d2kbench.harness.phases import PhaseClock, phase
+from d2kbench.harness.phases import current as current_clock
 from d2kbench.harness.process import WorkerFailure, WorkerHandle
 from d2kbench.integrity.parent import make_guards
 from d2kbench.harness.results import (
@@ -69,11 +70,6 @@ def default_workloads(task: Task, device: str) -> list[Workload]:
     return list(task.spec.workloads if device == "cuda" else task.spec.smoke_workloads)
 
 
-def file_sha256(path: Path) -> str:
-    """Content hash of a solution file (the identity of a solution in the store)."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def _as_list(result) -> list:
     return list(result) if isinstance(result, (tuple, list)) else [result]
 
@@ -81,22 +77,29 @@ def _as_list(result) -> list:
 class _Expected:
     """Expected values of one call, computed lazily once and shared by every solution checked
     on this call's inputs: the reference's outputs and argument states, and FP64-oracle outputs
-    on secretly sampled slices."""
+    on secretly sampled slices.
 
-    def __init__(self, task: Task, reference, workload: Workload, pristine: list):
+    ``oracle_cap`` limits the slices sampled per tolerance (the integrity protocol's extra calls
+    use 1: they look for outputs that stopped following the inputs, which the full-tensor
+    reference comparison and one FP64 slice show; the tolerance's own count applies to the
+    correctness calls)."""
+
+    def __init__(self, task: Task, reference, workload: Workload, pristine: list, oracle_cap: int | None = None):
         self.spec = task.spec
         self.ref = reference
         self.wl = workload
         self.pristine = pristine
+        self.oracle_cap = oracle_cap
         self._reference: tuple[list, list] | None = None
         self._oracle: dict = {}
 
     def reference(self) -> tuple[list, list]:
         """(reference outputs, argument states after the reference ran), on a private copy."""
         if self._reference is None:
-            ref_args = clone_args(self.pristine)
-            with torch.no_grad():
+            with phase("reference"), torch.no_grad():
+                ref_args = clone_args(self.pristine)
                 self._reference = (_as_list(self.ref.run(*ref_args)), ref_args)
+                _settle(ref_args)
         return self._reference
 
     def oracle(self, tol) -> tuple[tuple[str, torch.Tensor] | None, list]:
@@ -109,12 +112,22 @@ class _Expected:
             sample, args = None, self.pristine
             if tol.sample:
                 size = self.wl.axes[tol.sample.axis]
+                count = min(tol.sample.count, self.oracle_cap or tol.sample.count)
                 gen = torch.Generator().manual_seed(secret_seed())
-                sample = (tol.sample.axis, torch.randperm(size, generator=gen)[: tol.sample.count].sort().values)
+                sample = (tol.sample.axis, torch.randperm(size, generator=gen)[:count].sort().values)
                 args = [_take(a, spec, *sample) for a, spec in zip(args, self.spec.args)]
-            with torch.no_grad():
+            with phase("oracle"), torch.no_grad():
                 self._oracle[key] = (sample, _as_list(fn(*clone_args(args))))
+                _settle(args)
         return self._oracle[key]
+
+
+def _settle(args: list) -> None:
+    """Wait for the GPU work queued so far when ``args`` live on a GPU, so that the phase
+    clock charges asynchronous kernels to the phase that queued them (the parent would wait
+    for them at its next check anyway)."""
+    if any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
+        torch.cuda.synchronize()
 
 
 def _take(value, spec, axis: str, idx: torch.Tensor):
@@ -221,19 +234,26 @@ def run_workload(handles: dict[str, WorkerHandle], task: Task, reference, worklo
         return [r for r in handles if st[r].failure is None]
 
     def one_call(call: int) -> None:
-        pristine = make_args(reference, task.spec, workload, secret_seed(), device)
+        with phase("inputs"):
+            pristine = make_args(reference, task.spec, workload, secret_seed(), device)
+            _settle(pristine)
         expected = _Expected(task, reference, workload, pristine)
         for role in active():
-            args = clone_args(pristine)
             try:
-                reply = handles[role].request({"op": "call", "args": args})
+                with phase("inputs"):
+                    args = clone_args(pristine)
+                with phase("worker_calls"):
+                    reply = handles[role].request({"op": "call", "args": args})
+                _split_worker_phases(reply, "worker_calls", "worker")
             except WorkerFailure as f:
                 st[role].failure = (_status(f.status), f.cause)
                 st[role].violations.extend(Violation(**x) for x in f.violations)
                 continue
-            c, v = check_reply(call, task.spec, workload, reference, args, expected, reply)
-            if role in guards:
-                v += guards[role].on_reply(call, reply, pristine, last=call == opts.check_calls - 1)
+            with phase("checks"):
+                c, v = check_reply(call, task.spec, workload, reference, args, expected, reply)
+                if role in guards:
+                    v += guards[role].on_reply(call, reply, pristine, last=call == opts.check_calls - 1,
+                                               expected=expected)
             st[role].checks.extend(c)
             st[role].violations.extend(v)
             status, cause = _status_of(st[role].checks, st[role].violations)
@@ -244,8 +264,9 @@ def run_workload(handles: dict[str, WorkerHandle], task: Task, reference, worklo
         one_call(call)
     for role in [r for r in active() if r in guards]:  # integrity: one input element changed must move the output
         try:
-            failed, allc, v = guards[role].sensitivity(lambda a, h=handles[role]: h.request({"op": "call", "args": a}),
-                                                       reference, workload)
+            with phase("integrity_sensitivity"):
+                failed, allc, v = guards[role].sensitivity(
+                    lambda a, h=handles[role]: h.request({"op": "call", "args": a}), reference, workload)
         except WorkerFailure as f:
             st[role].failure = (_status(f.status), f.cause)
             st[role].violations.extend(Violation(**x) for x in f.violations)
@@ -261,11 +282,14 @@ def run_workload(handles: dict[str, WorkerHandle], task: Task, reference, worklo
             seeds = [secret_seed() for _ in range(256 if mode == "graph" else 2)]
             extra = guards[role].time_request_extra() if role in guards else {}
             try:
-                reply = handles[role].request({"op": "time", "workload": workload.id, "seeds": seeds, "mode": mode,
-                                               "cpu_samples": opts.cpu_samples, "params": opts.timing_params, **extra})
+                with phase("timing_request"):
+                    reply = handles[role].request({"op": "time", "workload": workload.id, "seeds": seeds, "mode": mode,
+                                                   "cpu_samples": opts.cpu_samples, "params": opts.timing_params, **extra})
+                _split_worker_phases(reply, "timing_request", "timing")
                 st[role].timing = TimingStats.model_validate(reply["stats"])
                 if role in guards:  # worker findings, outputs kept from timed calls, graph replays, SOL floor
-                    c, v = guards[role].after_timing(reply, reference, workload, seeds, extra)
+                    with phase("integrity_after_timing"):
+                        c, v = guards[role].after_timing(reply, reference, workload, seeds, extra)
                     st[role].integrity_checks.extend(c)
                     st[role].violations.extend(v)
                     if v:
@@ -275,7 +299,8 @@ def run_workload(handles: dict[str, WorkerHandle], task: Task, reference, worklo
                 st[role].violations.extend(Violation(**x) for x in f.violations)
         one_call(opts.check_calls)  # re-check after the timing loop
     for role in [r for r in guards if r in st]:  # integrity: harness and task files unchanged
-        v = guards[role].after_workload()
+        with phase("integrity_file_hashes"):
+            v = guards[role].after_workload()
         st[role].violations.extend(v)
         if v and st[role].failure is None:
             st[role].failure = _status_of(st[role].checks, st[role].violations)
@@ -285,6 +310,17 @@ def run_workload(handles: dict[str, WorkerHandle], task: Task, reference, worklo
                                  integrity_checks=s.integrity_checks,
                                  timing=s.timing, correctness_only=workload.correctness_only, wall_s=wall)
             for role, s in st.items()}
+
+
+def _split_worker_phases(reply: dict, source: str, prefix: str) -> None:
+    """Move the worker's own breakdown of a request (``reply["phases"]``, seconds; a call:
+    ``run``, ``guard``, ``pack``; a timing request: ``inputs``, ``warmup`` (warm-up calls, L2
+    flushes, graph capture), ``samples``, ``integrity``) out of the parent's ``source`` phase
+    into ``<prefix>_<part>`` phases; what stays in ``source`` is transfer between the processes.
+    The worker's figures are diagnostics only: no check reads them."""
+    clock, parts = current_clock(), reply.get("phases")
+    if clock is not None and isinstance(parts, dict):
+        clock.move(source, {f"{prefix}_{k}": v for k, v in parts.items()})
 
 
 def _status(value: str) -> Status:
@@ -310,12 +346,13 @@ def run_solutions(task: Task, entries: list[tuple[str, str, str | Path]], worklo
         ``{label: SolutionRun}``; every workload result is also recorded in ``store`` at once.
     """
     say = progress or (lambda _msg: None)
-    reference = task.reference_module()
-    paths = {label: task.resolve_solution(sol) for label, _, sol in entries}
-    guards = make_guards(task, paths, device, opts)  # d2kbench.integrity: static rules, extra calls, file hashes
-    runs = {label: SolutionRun(solution=str(sol), path=str(paths[label]), sha256=file_sha256(paths[label]), role=role)
+    paths = {label: task.resolve_solution(sol, device) for label, _, sol in entries}
+    # d2kbench.integrity: static rules, extra calls, and file hashes taken before any solution runs
+    guards = make_guards(task, paths, device, opts)
+    runs = {label: SolutionRun(solution=str(sol), path=str(paths[label]), sha256=task.solution_sha256(paths[label]),
+                               role=role)
             for label, role, sol in entries}
-    handles = {label: _new_handle(task, paths[label], device, opts, trusted=(paths[label] == task.root / "reference.py"))
+    handles = {label: _new_handle(task, paths[label], device, opts, trusted=task.is_trusted(paths[label]))
                for label in runs}
 
     def record(label: str, result: WorkloadResult) -> None:
@@ -325,12 +362,17 @@ def run_solutions(task: Task, entries: list[tuple[str, str, str | Path]], worklo
 
     try:
         say("starting workers")
-        for h in handles.values():  # spawn all workers first: their start-up overlaps
-            h.spawn()
+        with phase("worker_start"):
+            for h in handles.values():  # spawn all workers first: their start-up overlaps
+                h.spawn()
+        with phase("prepare"):  # while the workers import torch and the solutions
+            reference = task.reference_module()
         live = {}
         for label, h in handles.items():
             try:
-                h.wait_ready()
+                with phase("worker_start"):
+                    h.wait_ready()
+                runs[label].startup_s = h.startup_s
                 live[label] = h
             except WorkerFailure as f:  # import failed: every workload gets the same cause
                 for wl in workloads:
@@ -340,16 +382,24 @@ def run_solutions(task: Task, entries: list[tuple[str, str, str | Path]], worklo
             order = list(live) if n % 2 == 0 else list(reversed(live))
             say(f"{wl.id}: {' vs '.join(runs[r].solution for r in order)}")
             results = run_workload({r: live[r] for r in order}, task, reference, wl, device, opts, guards)
-            for label in live:
-                if results[label].status.failed:
-                    live[label].kill()  # a fresh worker for the next workload
-                record(label, results[label])
+            with phase("store"):
+                for label in live:
+                    if results[label].status.failed:
+                        live[label].kill()  # a fresh worker for the next workload
+                    record(label, results[label])
             if device == "cuda":  # this workload's inputs and expected values: back to the driver
                 torch.cuda.empty_cache()
     finally:
         for h in handles.values():
             h.close()
     return runs
+
+
+def phase_breakdown(clock: PhaseClock, wall_s: float) -> dict[str, float]:
+    """The clock's exclusive seconds per phase plus ``unaccounted`` (wall minus their sum)."""
+    out = clock.snapshot()
+    out["unaccounted"] = wall_s - sum(out.values())
+    return out
 
 
 def timed_seconds(runs) -> float:
@@ -383,14 +433,19 @@ def evaluate(task: Task, solution: str | Path, workloads: list[Workload] | None 
     device = resolve_device(device)
     workloads = workloads if workloads is not None else default_workloads(task, device)
     t_start = time.perf_counter()
-    env = fingerprint(device)
-    entries = [("candidate", "candidate", solution)] + ([("baseline", "baseline", baseline)] if baseline is not None else [])
-    ev_id = uuid.uuid4().hex[:12]
-    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    runs = run_solutions(task, entries, workloads, device, opts, env, ev_id, created, store, progress)
-    if device == "cuda":
-        env["smi_after"] = nvidia_smi()
-    scores, geo = score_workloads(task, workloads, runs["candidate"], runs.get("baseline"), env)
+    clock = PhaseClock()
+    with clock.active():
+        with phase("environment"):
+            env = fingerprint(device)
+        entries = [("candidate", "candidate", solution)] + ([("baseline", "baseline", baseline)] if baseline is not None else [])
+        ev_id = uuid.uuid4().hex[:12]
+        created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        runs = run_solutions(task, entries, workloads, device, opts, env, ev_id, created, store, progress)
+        if device == "cuda":
+            with phase("environment"):
+                env["smi_after"] = nvidia_smi()
+        scores, geo = score_workloads(task, workloads, runs["candidate"], runs.get("baseline"), env)
+    wall = time.perf_counter() - t_start
     return Evaluation(id=ev_id, task=task.id, device=device, created_at=created, candidate=runs["candidate"],
                       baseline=runs.get("baseline"), scores=scores, geomean_speedup=geo, env=env,
-                      wall_s=time.perf_counter() - t_start, timed_s=timed_seconds(runs.values()))
+                      wall_s=wall, timed_s=timed_seconds(runs.values()), phases_s=phase_breakdown(clock, wall))

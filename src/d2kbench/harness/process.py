@@ -10,6 +10,7 @@ import os
 import secrets
 import signal
 import tempfile
+import time
 from pathlib import Path
 
 import torch.multiprocessing as tmp
@@ -44,6 +45,7 @@ class WorkerHandle:
         self.options = {**(options or {}), "log_path": self.log_path}
         self.proc = None
         self.conn = None
+        self.startup_s: dict[str, float] = {}  # the worker's start-up breakdown (seconds, diagnostics)
 
     def start(self) -> None:
         """Spawn the worker and wait until it imported the solution.
@@ -60,7 +62,8 @@ class WorkerHandle:
         self.conn, child = ctx.Pipe(duplex=True)
         self.proc = ctx.Process(
             target=worker_main,
-            args=(child, str(self.task_root), str(self.solution_path), self.device, self.options),
+            args=(child, str(self.task_root), str(self.solution_path), self.device,
+                  {**self.options, "spawned_at": time.time()}),
             daemon=True,
         )
         self.proc.start()
@@ -76,6 +79,9 @@ class WorkerHandle:
         if reply.get("kind") != "ready":
             self.kill()
             raise WorkerFailure("runtime_error", f"worker answered {reply.get('kind')!r} instead of 'ready'")
+        startup = reply.get("startup_s")
+        self.startup_s = {k: float(v) for k, v in startup.items() if isinstance(v, (int, float))} \
+            if isinstance(startup, dict) else {}
 
     def request(self, msg: dict, timeout_s: float | None = None) -> dict:
         """Send one request and return the worker's answer.

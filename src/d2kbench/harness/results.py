@@ -106,6 +106,9 @@ class SolutionRun(BaseModel):
     sha256: str
     role: str  # "candidate" or "baseline"
     results: list[WorkloadResult] = []
+    #: the first worker's start-up (seconds: process start, torch import, CUDA init, task and
+    #: guard set-up, solution import), as the worker reported it (diagnostics only)
+    startup_s: dict[str, float] = {}
 
     def result(self, workload: str) -> WorkloadResult | None:
         for r in self.results:
@@ -146,8 +149,17 @@ class Evaluation(BaseModel):
     env: dict = Field(default_factory=dict)
     wall_s: float = 0.0
     timed_s: float = 0.0
+    #: exclusive wall seconds per harness phase (d2kbench.harness.phases), summing to wall_s
+    phases_s: dict[str, float] = Field(default_factory=dict)
 
     @property
     def overhead_s(self) -> float:
-        """Wall time beyond the timed calls' own time (harness overhead)."""
+        """Wall time beyond the timed calls' own time."""
         return self.wall_s - self.timed_s
+
+    @property
+    def harness_s(self) -> float:
+        """Wall time outside the solutions' own calls (:func:`d2kbench.harness.phases.harness_seconds`)."""
+        from d2kbench.harness.phases import harness_seconds
+
+        return harness_seconds(self.wall_s, self.phases_s)

@@ -20,6 +20,9 @@ import traceback
 import warnings
 from pathlib import Path
 
+#: Module name under which the worker imports the task's ``reference.py`` (before the solution);
+#: :mod:`d2kbench.harness.compiled_reference` finds the reference to compile under it.
+REFERENCE_MODULE = "d2k_task_reference"
 #: Exception class names that mean the solution did not compile.
 _COMPILE_ERRORS = {"CompilationError", "CompileTimeAssertionFailure", "UnsupportedLanguageConstruct", "SyntaxError", "IndentationError"}
 
@@ -95,22 +98,36 @@ class Worker:
         self.send({"kind": "error", "status": status, "cause": cause, "violations": v})
 
     def load(self) -> bool:
+        marks = [("process_start", time.time() - float(self.options.get("spawned_at", time.time())))]
+        t = time.perf_counter()
+
+        def mark(name: str) -> None:
+            nonlocal t
+            now = time.perf_counter()
+            marks.append((name, now - t))
+            t = now
+
         import torch
 
         from d2kbench.tasks.loader import import_file, load_task
 
         self.torch = torch
+        mark("import_torch")
         if self.device == "cuda":
             torch.cuda.set_device(0)
+            torch.cuda.init()
+        mark("cuda_init")
         self.task = load_task(self.task_root)
-        self.reference = import_file(Path(self.task_root) / "reference.py", "d2k_task_reference")
+        self.reference = import_file(Path(self.task_root) / "reference.py", REFERENCE_MODULE)
         from d2kbench.integrity.guard import Guard
 
         self.guard = Guard(self.device, self.solution_path, self.task, self.reference,
                            trusted=bool(self.options.get("trusted")) or not self.options.get("integrity", True))
         self.guard.install()  # audit hook, launch counter, identity snapshot; armed for the import
+        mark("task_and_guard")
         try:
             module = import_file(Path(self.solution_path), "d2k_solution")
+            mark("solution_import")
             self.findings = self.guard.after_import()
         except BaseException as e:  # noqa: BLE001 - any failure of untrusted code is reported
             self.findings = self.guard.after_import()
@@ -122,7 +139,7 @@ class Worker:
             self.error("compile_error", f"{Path(self.solution_path).name} defines no callable run()")
             return False
         self.run = run
-        self.send({"kind": "ready", "pid": os.getpid()})
+        self.send({"kind": "ready", "pid": os.getpid(), "startup_s": dict(marks)})  # seconds, diagnostics
         return True
 
     def sync(self) -> None:
@@ -135,11 +152,13 @@ class Worker:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                t0 = time.perf_counter()
+                t_in = time.perf_counter()
                 with self.guard.call() as info:  # dispatch monitor, launch count, armed audit hook
+                    t0 = time.perf_counter()
                     result = self.run(*args)
                     self.sync()
-                wall = time.perf_counter() - t0
+                    wall = time.perf_counter() - t0
+                guard_s = time.perf_counter() - t_in - wall
         except BaseException as e:  # noqa: BLE001
             self.error(classify(e), describe(e, self.solution_path), info.get("violations") if "info" in locals() else None)
             return
@@ -151,13 +170,16 @@ class Worker:
         subclass = [issubclass(type(o), torch.Tensor) and not ok for o, ok in zip(outs, exact)]
         aliases = find_aliases([o for o, ok in zip(outs, exact) if ok], args)
         # Clone into worker-owned memory: the parent receives storage no input shares.
+        t_pack = time.perf_counter()
         sent = [o.detach().clone() if ok else None for o, ok in zip(outs, exact)]
+        self.sync()
         self.pending = sent
         self.send({
             "kind": "outputs", "outputs": sent, "types": types, "exact_tensor": exact, "subclass": subclass,
             "container": type(result).__name__, "aliases": aliases, "wall_s": wall,
             "strides": [list(o.stride()) if ok else None for o, ok in zip(outs, exact)],  # the clone may re-lay out
             "violations": self.findings + info["violations"],
+            "phases": {"run": wall, "guard": guard_s, "pack": time.perf_counter() - t_pack},  # seconds, diagnostics
         })
         self.findings = []
 
@@ -170,6 +192,7 @@ class Worker:
         workload = spec.workload(msg["workload"])
         seeds = msg["seeds"]
         mode = msg["mode"]
+        t0 = time.perf_counter()
         first = make_args(self.reference, spec, workload, seeds[0], self.device)
         if mode == "graph":
             l2 = torch.cuda.get_device_properties(0).L2_cache_size
@@ -178,6 +201,7 @@ class Worker:
             n_sets = min(len(seeds), 2)
         sets = [first] + [make_args(self.reference, spec, workload, s, self.device) for s in seeds[1:n_sets]]
         self.sync()
+        t1 = time.perf_counter()
 
         def call(i: int):
             return self.run(*sets[i])
@@ -203,12 +227,16 @@ class Worker:
                     flush_buf = torch.empty(max(2 * l2, 128 << 20), dtype=torch.uint8, device="cuda")
                     flush = flush_buf.zero_
                     stats = timing.time_events(call, n_sets, flush=flush, **msg.get("params", {}))
+            t2 = time.perf_counter()
             extra = self.guard.after_timing(msg, self.run, lambda s: make_args(self.reference, spec, workload, s,
                                                                                 self.device), flush, stats.mean_ms, package)
         except BaseException as e:  # noqa: BLE001
             self.error(classify(e), "during timing: " + describe(e, self.solution_path), self.guard.drain())
             return
-        self.send({"kind": "timing", "stats": stats.model_dump(), **extra})
+        sampled = sum(stats.samples_ms) * stats.calls_per_sample / 1e3
+        phases = {"inputs": t1 - t0, "samples": sampled, "warmup": max(0.0, t2 - t1 - sampled),
+                  "integrity": time.perf_counter() - t2}  # seconds; the parent's breakdown of the request
+        self.send({"kind": "timing", "stats": stats.model_dump(), **extra, "phases": phases})
 
     def serve(self) -> None:
         if not self.load():

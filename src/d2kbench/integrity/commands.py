@@ -1,4 +1,5 @@
-"""``d2k evil`` (run the evil-solution suite) and ``d2k lint`` (the static rules on a file)."""
+"""``d2k evil`` (run the evil-solution suite) and ``d2k lint`` (the static rules and the Triton
+portability lint on a file)."""
 
 from __future__ import annotations
 
@@ -57,16 +58,31 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(1)
 
     @app.command()
-    def lint(files: list[Path] = typer.Argument(..., help="solution files")) -> None:
-        """Review solution files with the static integrity rules (exit 1 on any finding)."""
+    def lint(files: list[Path] = typer.Argument(..., help="solution files"),
+             triton_check: bool = typer.Option(True, "--triton/--no-triton",
+                                               help="also the Triton portability lint (imports each file in a child "
+                                                    "process under TRITON_INTERPRET=1)")) -> None:
+        """Review solution files with the static integrity rules and the Triton portability lint
+        (globals and builtins in @triton.jit code that the CPU interpreter accepts but the GPU
+        compiler rejects); exit 1 on any finding."""
         from d2kbench.integrity.static import static_violations
 
+        portability = {}
+        if triton_check:
+            from d2kbench.integrity.triton_lint import check_files
+
+            portability = check_files([f for f in files if f.is_file()])
         bad = 0
         for f in files:
-            found = static_violations(f)
+            found = [(v.rule, v.evidence) for v in static_violations(f)]
+            lint = portability.get(str(f.resolve()), [])
+            found += [(t.rule, str(t)) for t in lint if t.rule != "triton_lint_error"]
             bad += bool(found)
             console.print(f"[{'red' if found else 'green'}]{'FAIL' if found else 'ok'}[/] {f}")
-            for v in found:
-                console.print(f"  {v.rule}: {v.evidence}", markup=False, highlight=False)
+            for rule, evidence in found:
+                console.print(f"  {rule}: {evidence}", markup=False, highlight=False)
+            for t in lint:  # the file could not be checked here (e.g. it needs a GPU to import): not a finding
+                if t.rule == "triton_lint_error":
+                    console.print(f"  note: Triton lint skipped: {t.what}", markup=False, highlight=False)
         if bad:
             raise typer.Exit(1)

@@ -274,22 +274,39 @@ class FileWatch:
         return out
 
 
+#: FP64-oracle slices per tolerance on the integrity protocol's extra calls (see _Expected).
+EXTRA_CALL_ORACLE_SLICES = 1
+
+
 class Checker:
     """The harness's checks of one workload as two calls: ``expected(pristine)`` (reference
     outputs and states) and ``check(call, args, pristine, reply)`` (results, violations).
     An adapter over :func:`d2kbench.harness.evaluate.check_reply` (imported lazily: the
-    harness imports this module)."""
+    harness imports this module).
+
+    Expected values are computed once per input list (kept by identity), so the sensitivity
+    call's reference run on the perturbed inputs also serves its check; :meth:`adopt` reuses
+    the expected values a correctness call already computed."""
 
     def __init__(self, task, reference, workload):
         self.task = task
         self.ref = reference
         self.wl = workload
         self.spec = task.spec
+        self._cache: dict[int, tuple[list, object]] = {}
+
+    def adopt(self, pristine: list, expected) -> None:
+        """Use ``expected`` (a ``_Expected`` of ``pristine``) instead of computing it again."""
+        self._cache[id(pristine)] = (pristine, expected)
 
     def _expected(self, pristine: list):
         from d2kbench.harness.evaluate import _Expected
 
-        return _Expected(self.task, self.ref, self.wl, pristine)
+        hit = self._cache.get(id(pristine))
+        if hit is None or hit[0] is not pristine:
+            hit = (pristine, _Expected(self.task, self.ref, self.wl, pristine, oracle_cap=EXTRA_CALL_ORACLE_SLICES))
+            self._cache[id(pristine)] = hit
+        return hit[1]
 
     def expected(self, pristine: list) -> tuple[list, list]:
         """(reference outputs, argument states after the reference ran) on ``pristine``."""
@@ -315,17 +332,18 @@ class ParentGuard:
         self.static = [] if trusted or not static else static_violations(solution_path, task.spec.forbidden.modules)
         self.files = files
         self.gpu_name = torch.cuda.get_device_name(0) if device == "cuda" and torch.cuda.is_available() else None
-        self._last: tuple[list, list] | None = None
+        self._last: tuple[list, list, object] | None = None  # (inputs, outputs, _Expected) of the last check call
 
-    def on_reply(self, call: int, reply: dict, pristine: list, last: bool) -> list[Violation]:
+    def on_reply(self, call: int, reply: dict, pristine: list, last: bool, expected=None) -> list[Violation]:
         """Violations of one correctness answer beyond the output checks: the worker's findings
-        (plus the static findings with call 0). Keeps the last check call's inputs and outputs
-        for :meth:`sensitivity`."""
+        (plus the static findings with call 0). Keeps the last check call's inputs, outputs and
+        expected values (``expected``, a ``_Expected`` of ``pristine``) for :meth:`sensitivity`."""
         out = [Violation(**v) for v in reply.get("violations") or []]
         if call == 0:
             out += self.static
         if last:
-            self._last = (pristine, [o.clone() if isinstance(o, torch.Tensor) else None for o in reply["outputs"]])
+            self._last = (pristine, [o.clone() if isinstance(o, torch.Tensor) else None for o in reply["outputs"]],
+                          expected)
         return out
 
     def sensitivity(self, request: Callable[[list], dict], reference, workload
@@ -333,10 +351,13 @@ class ParentGuard:
         """(failed checks, all checks, violations) of the sensitivity call (empty when off)."""
         if not self.sensitivity_on or self._last is None:
             return [], [], []
-        pristine, outputs = self._last
+        pristine, outputs, expected = self._last
         self._last = None
+        checker = Checker(self.task, reference, workload)
+        if expected is not None:
+            checker.adopt(pristine, expected)
         try:
-            results, violations = sensitivity_check(request, Checker(self.task, reference, workload), pristine, outputs)
+            results, violations = sensitivity_check(request, checker, pristine, outputs)
         except WorkerFailure:
             raise
         except Exception as e:  # noqa: BLE001 - a defect of this check must not end the evaluation
@@ -390,12 +411,13 @@ class ParentGuard:
 def make_guards(task, paths: dict[str, Path], device: str, opts) -> dict[str, ParentGuard]:
     """One :class:`ParentGuard` per solution label (empty when ``opts.integrity`` is off).
 
-    ``paths`` maps labels to solution files; the task's ``reference.py`` is trusted."""
+    ``paths`` maps labels to solution files; the task's trusted code (``reference.py`` and its
+    declared alternatives, :meth:`d2kbench.tasks.loader.Task.is_trusted`) gets no static rules,
+    sensitivity call or timed-output checks."""
     if not getattr(opts, "integrity", True):
         return {}
     files = FileWatch(harness_files(task.root))
-    ref = (Path(task.root) / "reference.py").resolve()
-    return {label: ParentGuard(task, path, device, trusted=Path(path).resolve() == ref,
+    return {label: ParentGuard(task, path, device, trusted=task.is_trusted(path),
                                static=getattr(opts, "static_checks", True), sensitivity=getattr(opts, "sensitivity", True),
                                files=files)
             for label, path in paths.items()}

@@ -6,8 +6,9 @@ import re
 from dataclasses import dataclass
 
 from d2kbench.harness.benchmark import BenchmarkResult
+from d2kbench.report.evaluation import overhead_line
 
-_BAR = re.compile(r"^\s*([\w.\-/]+)\s*/\s*([\w.\-/]+)\s*>=\s*([0-9.]+)\s*$")
+_BAR = re.compile(r"^\s*([\w.:\-/]+)\s*/\s*([\w.:\-/]+)\s*>=\s*([0-9.]+)\s*$")
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,40 @@ class Bar:
         return out
 
 
+#: Issue 8's bars per bound class (d2kbench.scoring.sol.bound_of): memory-bound workloads reach
+#: >= 70% of SOL on the measured HBM ceiling, compute-bound ones >= 50% of SOL on the measured
+#: bf16 ceiling, latency-class ones run within 3x of the measured launch floor.
+BOUND_BARS = {"memory": ("pct_sol", ">=", 70.0), "compute": ("pct_sol", ">=", 50.0),
+              "latency": ("x_launch_floor", "<=", 3.0)}
+_METRIC_NAME = {"pct_sol": "% SOL", "x_launch_floor": "x launch floor"}
+
+
+@dataclass(frozen=True)
+class BoundBar:
+    """``solution`` meets the bar of each timed workload's bound class (:data:`BOUND_BARS`)."""
+
+    solution: str
+
+    def check(self, bench: BenchmarkResult) -> list[tuple[str, str, str, float | None, bool]]:
+        """(workload, bound, bar text, measured value, passed) per timed workload; a workload
+        the solution failed (no rate) fails the bar."""
+        rates = {r.workload: r for r in bench.rates.get(self.solution, [])}
+        out = []
+        for res in bench.run(self.solution).results:
+            if res.correctness_only:
+                continue
+            rate = rates.get(res.workload)
+            bound = rate.bound if rate else None
+            if bound not in BOUND_BARS:
+                out.append((res.workload, bound or "?", "-", None, False))
+                continue
+            metric, op, limit = BOUND_BARS[bound]
+            value = getattr(rate, metric)
+            ok = value is not None and (value >= limit if op == ">=" else value <= limit)
+            out.append((res.workload, bound, f"{_METRIC_NAME[metric]} {op} {limit:g}", value, ok))
+        return out
+
+
 def _ms(bench: BenchmarkResult, sol: str, wl: str) -> str:
     r = bench.run(sol).result(wl)
     if r is None:
@@ -47,7 +82,28 @@ def _ms(bench: BenchmarkResult, sol: str, wl: str) -> str:
     return f"{r.timing.mean_ms:.3f}" if r.timing else "ok"
 
 
-def to_markdown(bench: BenchmarkResult, bars: list[Bar] = ()) -> str:
+def _alternative_lines(bench: BenchmarkResult) -> list[str]:
+    """A legend of the task's alternatives (``alt:NAME``) in the benchmark, with what each runs
+    (from the task's ``task.yaml``; ``?`` when the task cannot be loaded). Empty without any."""
+    from d2kbench.tasks.loader import ALT_PREFIX, TaskFileError, load_task
+
+    alts = [r.solution for r in bench.runs if r.solution.startswith(ALT_PREFIX)]
+    if not alts:
+        return []
+    try:
+        desc = {ALT_PREFIX + a.name: a.description for a in load_task(bench.task).spec.alternatives}
+    except TaskFileError:
+        desc = {}
+    return ["## Alternatives", "", "`alt:NAME` columns are what a user would run instead of writing the kernel "
+            "(trusted code, checked like every solution).", "", "| solution | what it runs |", "|---|---|",
+            *[f"| {a} | {desc.get(a, '?')} |" for a in alts], ""]
+
+
+def _opt(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def to_markdown(bench: BenchmarkResult, bars: list[Bar] = (), bound_bars: list[BoundBar] = ()) -> str:
     """A markdown page: environment, latencies, speedups, achieved rates, bars."""
     env = bench.env
     sols = [r.solution for r in bench.runs]
@@ -60,8 +116,10 @@ def to_markdown(bench: BenchmarkResult, bars: list[Bar] = ()) -> str:
                      f"(max {smi.get('clocks.max.sm')}); power limit {smi.get('power.limit')} W")
     modes = sorted({r.timing.mode for run in bench.runs for r in run.results if r.timing})
     how = {"events": "CUDA events with an L2 flush", "graph": "CUDA-graph replays", "cpu": "host timer (CPU)"}
-    lines += [f"- **run**: id {bench.id}, wall {bench.wall_s:.1f} s, timed calls {bench.timed_s:.1f} s; solutions "
-              f"interleaved per workload on the same inputs; {', '.join(how.get(m, m) for m in modes)}; per-call mean", ""]
+    lines += [f"- **run**: id {bench.id}; solutions interleaved per workload on the same inputs; "
+              f"{', '.join(how.get(m, m) for m in modes)}; per-call mean",
+              f"- **harness**: {overhead_line(bench.wall_s, bench.timed_s, bench.phases_s)}", ""]
+    lines += _alternative_lines(bench)
     workloads = [r.workload for r in bench.runs[0].results]
     lines += ["## Mean latency (ms) and status", "", "| workload | " + " | ".join(sols) + " |",
               "|---|" + "---|" * len(sols)]
@@ -75,20 +133,26 @@ def to_markdown(bench: BenchmarkResult, bars: list[Bar] = ()) -> str:
         lines.append(f"| {w} | " + " | ".join("-" if v is None else f"{v:.3f}x" for v in vals) + " |")
     geos = [bench.geomean_speedup(a, b) for a, b in pairs]
     lines.append("| **geomean** | " + " | ".join("-" if g is None else f"**{g:.3f}x**" for g in geos) + " |")
+    floors = ", ".join(f"{m} {v * 1e3:.2f} us" for m, v in sorted(bench.launch_floor_ms.items()))
     lines += ["", "## Achieved rates (each solution's own work model)", "",
-              "| solution | workload | work model | mean ms | TFLOP/s | % bf16 ceiling | TB/s | % HBM ceiling |",
-              "|---|---|---|---|---|---|---|---|"]
+              "% SOL: the task's floor work model at the measured ceilings / mean latency. "
+              f"Launch floor (a one-store Triton kernel, measured in this run): {floors or '-'}.", "",
+              "| solution | workload | bound | work model | mean ms | TFLOP/s | % bf16 ceiling | TB/s | % HBM ceiling "
+              "| % SOL | x launch floor |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in sols:
         for r in bench.rates.get(s, []):
-            pb = "-" if r.pct_bf16_ceiling is None else f"{r.pct_bf16_ceiling:.1f}"
-            ph = "-" if r.pct_hbm_ceiling is None else f"{r.pct_hbm_ceiling:.1f}"
-            lines.append(f"| {s} | {r.workload} | {r.work_model} | {r.mean_ms:.3f} | {r.tflops:.1f} | {pb} | {r.tbps:.3f} | {ph} |")
-    if bars:
-        lines += ["", "## Bars", "", "| bar | workload | speedup | result |", "|---|---|---|---|"]
+            lines.append(f"| {s} | {r.workload} | {r.bound or '-'} | {r.work_model} | {r.mean_ms:.4f} | {r.tflops:.1f} | "
+                         f"{_opt(r.pct_bf16_ceiling, '.1f')} | {r.tbps:.3f} | {_opt(r.pct_hbm_ceiling, '.1f')} | "
+                         f"{_opt(r.pct_sol, '.1f')} | {_opt(r.x_launch_floor, '.2f')} |")
+    if bars or bound_bars:
+        lines += ["", "## Bars", "", "| bar | workload | measured | result |", "|---|---|---|---|"]
         for bar in bars:
             for w, s, ok in bar.check(bench):
                 lines.append(f"| {bar.solution} / {bar.over} >= {bar.factor} | {w} | "
                              f"{'-' if s is None else f'{s:.3f}x'} | {'PASS' if ok else 'FAIL'} |")
+        for bb in bound_bars:
+            for w, bound, text, v, ok in bb.check(bench):
+                lines.append(f"| {bb.solution}: {bound}-bound, {text} | {w} | {_opt(v, '.2f')} | {'PASS' if ok else 'FAIL'} |")
     failed = [(s, r.workload, r.status.value, r.cause) for run in bench.runs for s in [run.solution]
               for r in run.results if r.status.failed]
     if failed:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from d2kbench.harness.phases import SOLUTION_PHASES, harness_seconds
 from d2kbench.harness.results import Evaluation
 from d2kbench.scoring.speedup import geomean
 
@@ -50,6 +51,20 @@ def summary(ev: Evaluation) -> str:
     return f"{ev.task}: {ev.candidate.solution} correct; no geomean (no timed baseline)"
 
 
+def overhead_line(wall_s: float, timed_s: float, phases_s: dict[str, float], top: int = 5) -> str:
+    """Where the wall time went: timed calls, the solution's other calls (correctness calls
+    with their JIT compile and autotuning, warm-up), and the harness's own work with its largest
+    phases (seconds at 1 decimal; see d2kbench.harness.phases)."""
+    if not phases_s:
+        return f"wall {wall_s:.1f} s, timed calls {timed_s:.1f} s, overhead {wall_s - timed_s:.1f} s"
+    harness = harness_seconds(wall_s, phases_s)
+    own = {k: v for k, v in phases_s.items() if k not in SOLUTION_PHASES}
+    biggest = ", ".join(f"{k} {v:.1f}" for k, v in sorted(own.items(), key=lambda kv: -kv[1])[:top] if v >= 0.05)
+    return (f"wall {wall_s:.1f} s, timed calls {timed_s:.1f} s, overhead {wall_s - timed_s:.1f} s = solution's other "
+            f"calls (correctness, warm-up, JIT/autotune) {wall_s - timed_s - harness:.1f} s + harness {harness:.1f} s"
+            + (f" ({biggest})" if biggest else ""))
+
+
 def repeatability(evs: list[Evaluation]) -> list[dict]:
     """Per workload: the candidate's mean latency in each evaluation and the spread
     (max/min - 1, in %), plus each evaluation's harness overhead (wall - timed, s)."""
@@ -79,7 +94,7 @@ def to_markdown(evs: list[Evaluation], title: str) -> str:
                   "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
         lines += ["| " + " | ".join(r[c].replace("|", "/") for c in COLUMNS) + " |" for r in rows(ev)]
         lines += ["", summary(ev),
-                  f"Harness: wall {ev.wall_s:.1f} s, timed calls {ev.timed_s:.1f} s, overhead {ev.overhead_s:.1f} s.", ""]
+                  f"Harness: {overhead_line(ev.wall_s, ev.timed_s, ev.phases_s)}.", ""]
     if len(evs) > 1:
         lines += ["## Repeatability", "", "| workload | mean ms per evaluation | spread % |", "|---|---|---|"]
         lines += [f"| {r['workload']} | {', '.join(f'{m:.4f}' for m in r['means_ms'])} | {r['spread_pct']:.2f} |"

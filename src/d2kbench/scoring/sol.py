@@ -78,3 +78,20 @@ def sol_ms(counts: WorkCounts, axes: dict, ceil: Ceilings) -> tuple[float, str]:
     }
     bind = max(terms, key=terms.get)
     return terms[bind] * 1e3, bind
+
+
+def bound_of(spec, workload, ceil: Ceilings, launch_floor_ms: float | None = None) -> str:
+    """``compute``, ``memory`` or ``latency``: what limits ``workload`` of task ``spec``.
+
+    The workload's declared ``bound`` if any. Otherwise the largest term of the roofline of the
+    task's floor work model on ``ceil``, extended by the launch floor: tensor-core or FP32
+    FLOPs -> ``compute``, bytes -> ``memory``, and ``latency`` when that SOL time is below
+    ``launch_floor_ms`` (the measured cost of launching anything; see
+    :mod:`d2kbench.harness.launch_floor`), i.e. no kernel can come close to the roofline.
+    """
+    if workload.bound is not None:
+        return workload.bound
+    ms, bind = sol_ms(spec.sol.counts(spec.sol.floor), workload.axes, ceil)
+    if launch_floor_ms is not None and ms < launch_floor_ms:
+        return "latency"
+    return "memory" if bind == "memory" else "compute"

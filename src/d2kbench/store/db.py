@@ -171,6 +171,37 @@ class Store:
             )
         return int(cur.lastrowid)
 
+    def merge_evaluations(self, other: str | Path) -> int:
+        """Append the evaluation records of another store file (e.g. one written on a GPU
+        machine) to this one; evaluations already present (same ``eval_id``) are skipped, so
+        merging twice adds nothing. Returns the number of result rows added.
+
+        Raises:
+            FileNotFoundError: ``other`` does not exist; sqlite3.DatabaseError: not a store.
+        """
+        if not Path(other).is_file():
+            raise FileNotFoundError(f"no store at {other}")
+        src = Store(other)  # opening upgrades an older file to this schema
+        try:
+            have = {r[0] for r in self.conn.execute("SELECT eval_id FROM evaluations")}
+            new = [r for r in src.conn.execute("SELECT * FROM evaluations ORDER BY created_at")
+                   if r["eval_id"] not in have]
+            added = 0
+            with self.conn:
+                for ev in new:
+                    self.conn.execute("INSERT INTO evaluations(eval_id, task, device, created_at, env_json) "
+                                      "VALUES (?,?,?,?,?)", tuple(ev[k] for k in ("eval_id", "task", "device",
+                                                                                  "created_at", "env_json")))
+                    cols = ("eval_id", "task", "solution", "solution_sha256", "role", "workload", "device", "status",
+                            "cause", "mean_ms", "median_ms", "recorded_at", "record_json")
+                    for r in src.conn.execute("SELECT * FROM results WHERE eval_id = ? ORDER BY id", (ev["eval_id"],)):
+                        self.conn.execute(f"INSERT INTO results({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                                          tuple(r[c] for c in cols))
+                        added += 1
+            return added
+        finally:
+            src.close()
+
     def rows(self, task: str | None = None, solution: str | None = None, limit: int | None = None) -> list[sqlite3.Row]:
         """Result rows, newest first, optionally filtered by task and solution name or hash prefix."""
         q, params = "SELECT * FROM results WHERE 1=1", []

@@ -17,9 +17,13 @@ from types import ModuleType
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from d2kbench.tasks.schema import Guidance, Rubric, TaskSpec
+from d2kbench.tasks.schema import Alternative, Guidance, Rubric, TaskSpec
 
 SUITE_DIR = Path(__file__).resolve().parent.parent / "suite"
+#: How a task's alternative is named where a solution is expected (``alt:sdpa_flash``).
+ALT_PREFIX = "alt:"
+#: The harness file behind ``compile_reference: true`` (``torch.compile`` of the task reference).
+COMPILED_REFERENCE = Path(__file__).resolve().parent.parent / "harness" / "compiled_reference.py"
 
 #: Files every task folder must have (TASKS.md).
 REQUIRED_FILES = (
@@ -106,12 +110,48 @@ class Task:
             sols.update({p.stem: p for p in sorted(sol_dir.glob("*.py")) if not p.name.startswith("_")})
         return sols
 
-    def resolve_solution(self, name_or_path: str | Path) -> Path:
-        """A solution name of this task (``straightforward``, ``expert``, ``reference``) or a path.
+    def alternatives(self) -> dict[str, Path]:
+        """The task's alternatives (``task.yaml`` ``alternatives``) by solution name
+        (``alt:NAME``), each with the file that runs it."""
+        return {ALT_PREFIX + a.name: self.alternative_path(a) for a in self.spec.alternatives}
+
+    def alternative_path(self, alt: Alternative) -> Path:
+        """The file that runs ``alt``: its own file in the task folder, or the harness's
+        :data:`COMPILED_REFERENCE` for ``compile_reference``."""
+        return COMPILED_REFERENCE if alt.compile_reference else self.root / str(alt.file)
+
+    def is_trusted(self, path: str | Path) -> bool:
+        """Whether ``path`` is trusted code of this task: its ``reference.py`` or the file of one
+        of its declared alternatives (compared by resolved path, never by name, so a file placed
+        elsewhere is not trusted whatever it is called). Trusted code runs without integrity
+        monitors, static rules or the sensitivity call."""
+        trusted = {(self.root / "reference.py").resolve(), *(p.resolve() for p in self.alternatives().values())}
+        return Path(path).resolve() in trusted
+
+    def solution_sha256(self, path: str | Path) -> str:
+        """The identity of a solution of this task in the results store: the sha256 of the file,
+        except for the harness-compiled reference, whose hash also covers this task's
+        ``reference.py`` (the comparator changes whenever the reference does)."""
+        digest = hashlib.sha256(Path(path).read_bytes())
+        if Path(path).resolve() == COMPILED_REFERENCE.resolve():
+            digest.update((self.root / "reference.py").read_bytes())
+        return digest.hexdigest()
+
+    def resolve_solution(self, name_or_path: str | Path, device: str | None = None) -> Path:
+        """A solution name of this task (``straightforward``, ``expert``, ``reference``), one of
+        its alternatives (``alt:NAME``) or a path.
+
+        Args:
+            device: where the solution will run (``cpu`` or ``cuda``); when given, an
+                alternative not declared for that device is refused.
 
         Raises:
-            FileNotFoundError: neither a known name nor an existing file.
+            FileNotFoundError: neither a known name nor an existing file (an unknown
+                ``alt:NAME`` included).
+            ValueError: the alternative does not run on ``device``.
         """
+        if str(name_or_path).startswith(ALT_PREFIX):
+            return self._resolve_alternative(str(name_or_path)[len(ALT_PREFIX):], device)
         sols = self.solutions()
         if str(name_or_path) in sols:
             return sols[str(name_or_path)]
@@ -119,8 +159,19 @@ class Task:
         if p.is_file():
             return p.resolve()
         raise FileNotFoundError(
-            f"{name_or_path!r} is neither a solution of task {self.id!r} ({', '.join(sols)}) nor a file"
+            f"{name_or_path!r} is neither a solution of task {self.id!r} ({', '.join([*sols, *self.alternatives()])}) "
+            "nor a file"
         )
+
+    def _resolve_alternative(self, name: str, device: str | None) -> Path:
+        try:
+            alt = self.spec.alternative(name)
+        except KeyError as e:
+            raise FileNotFoundError(e.args[0]) from None
+        if device is not None and device not in alt.devices:
+            raise ValueError(f"alternative {ALT_PREFIX}{name} of task {self.id!r} runs on {', '.join(alt.devices)} "
+                             f"only, not on {device}")
+        return self.alternative_path(alt)
 
 
 def load_task(task: str | Path) -> Task:
@@ -138,6 +189,10 @@ def load_task(task: str | Path) -> Task:
     spec = _read_yaml(root / "task.yaml", TaskSpec)
     if spec.id != root.name:
         raise TaskFileError(root / "task.yaml", [("id", f"{spec.id!r} differs from the folder name {root.name!r}")])
+    missing = [(f"alternatives.{i}.file", f"{a.file} does not exist in {root}")
+               for i, a in enumerate(spec.alternatives) if a.file and not (root / a.file).is_file()]
+    if missing:
+        raise TaskFileError(root / "task.yaml", missing)
     return Task(root=root.resolve(), spec=spec)  # type: ignore[arg-type]
 
 

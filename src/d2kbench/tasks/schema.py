@@ -158,6 +158,10 @@ class Workload(_Strict):
     checks: dict[str, list[Tolerance]] = {}
     strides: dict[str, list[str | int]] = {}
     timing: "Timing | None" = None
+    #: what bounds this workload's speed, ``compute``, ``memory`` or ``latency`` (a call whose
+    #: roofline time is below the launch floor); by default derived from the task's floor work
+    #: model and the measured launch floor (d2kbench.scoring.sol.bound_of), set only to override
+    bound: Literal["compute", "memory", "latency"] | None = None
 
     def checks_for(self, name: str, default: list[Tolerance]) -> list[Tolerance]:
         """The checks of output (or mutable argument) ``name`` on this workload."""
@@ -229,6 +233,68 @@ class Forbidden(_Strict):
     note: str = ""
 
 
+_SNAKE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+class Alternative(_Strict):
+    """What a user would run instead of writing the kernel (``task.yaml`` ``alternatives:``).
+
+    An alternative is a comparator timed and checked like any solution (``alt:NAME`` on the
+    command line), e.g. PyTorch SDPA with a named backend, or ``torch.compile`` of the reference.
+    It is *trusted* code like ``reference.py``: it may use SDPA, cuBLAS or inductor, which the
+    integrity rules forbid in solutions, and runs without integrity monitors.
+
+    Exactly one of:
+      * ``file``: a path relative to the task folder (conventionally ``alternatives/NAME.py``)
+        defining ``run`` with exactly the reference's signature;
+      * ``compile_reference: true``: the harness's ``torch.compile`` (default mode) of the
+        reference's ``run`` (``d2kbench/harness/compiled_reference.py``); no file.
+
+    ``devices``: where the alternative is what a user would run (an SDPA backend that exists on
+    CUDA only is ``[cuda]``); evaluating it on another device is refused.
+    """
+
+    name: str
+    description: str
+    file: str | None = None
+    compile_reference: bool = False
+    devices: list[Literal["cpu", "cuda"]] = Field(default=["cpu", "cuda"], min_length=1)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _SNAKE.match(v):
+            raise ValueError(f"alternative name {v!r} must be snake_case")
+        return v
+
+    @field_validator("description")
+    @classmethod
+    def _description(cls, v: str) -> str:
+        if not v.strip() or "\n" in v.strip():
+            raise ValueError("an alternative needs a one-line description (what a user would run)")
+        return v.strip()
+
+    @field_validator("file")
+    @classmethod
+    def _file(cls, v: str | None) -> str | None:
+        if v is not None and (v.startswith("/") or ".." in v.split("/") or not v.endswith(".py")):
+            raise ValueError(f"file {v!r} must be a .py path relative to the task folder, inside it")
+        return v
+
+    @field_validator("devices")
+    @classmethod
+    def _devices(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"devices {v} lists a device twice")
+        return v
+
+    @model_validator(mode="after")
+    def _source(self) -> "Alternative":
+        if (self.file is None) == (not self.compile_reference):
+            raise ValueError(f"alternative {self.name!r} needs exactly one of 'file' and 'compile_reference: true'")
+        return self
+
+
 def is_axis_name(dim: str | int) -> bool:
     """A shape entry that names an axis (an identifier), as opposed to a size or a formula."""
     return isinstance(dim, str) and dim.isidentifier()
@@ -266,6 +332,7 @@ class TaskSpec(_Strict):
     timing: Timing
     sol: SolSpec
     forbidden: Forbidden = Forbidden()
+    alternatives: list[Alternative] = []
     timeout_s: float = Field(default=600.0, gt=0)
 
     @field_validator("id")
@@ -329,6 +396,7 @@ class TaskSpec(_Strict):
                 if name not in shapes:
                     raise ValueError(f"workload {w.id!r} overrides strides of unknown output {name!r}")
                 _check_dims(strides, axes, f"workload {w.id!r} strides of {name!r}", len(shapes[name]))
+        self._check_alternatives()
         for name in ("reference", *self.sol.variants):
             c = self.sol.counts(name)
             for field in ("tc_flops", "fp32_flops", "bytes"):
@@ -336,6 +404,17 @@ class TaskSpec(_Strict):
                 if unknown:
                     raise ValueError(f"sol {name}.{field} uses unknown names {sorted(unknown)}")
         return self
+
+    def _check_alternatives(self) -> None:
+        """Alternative names and files are unique; at most one ``compile_reference`` (default mode:
+        a second one would be the same comparator)."""
+        for what, values in (("names", [a.name for a in self.alternatives]),
+                             ("files", [a.file for a in self.alternatives if a.file])):
+            dup = {v for v in values if values.count(v) > 1}
+            if dup:
+                raise ValueError(f"duplicate alternative {what}: {sorted(dup)}")
+        if sum(a.compile_reference for a in self.alternatives) > 1:
+            raise ValueError("at most one alternative may set compile_reference (torch.compile, default mode)")
 
     @staticmethod
     def _check_axes(t: Tolerance, shape: list, where: str) -> None:
@@ -369,6 +448,18 @@ class TaskSpec(_Strict):
 
     def tensor_args(self) -> list[TensorArg]:
         return [a for a in self.args if isinstance(a, TensorArg)]
+
+    def alternative(self, name: str) -> Alternative:
+        """The declared alternative ``name``.
+
+        Raises:
+            KeyError: no such alternative (the message lists the known ones).
+        """
+        for a in self.alternatives:
+            if a.name == name:
+                return a
+        known = ", ".join(a.name for a in self.alternatives) or "none"
+        raise KeyError(f"task {self.id!r} has no alternative {name!r} (known: {known})")
 
 
 class GuidanceItem(_Strict):

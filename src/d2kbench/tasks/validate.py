@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from d2kbench.harness.checks import structure
-from d2kbench.harness.inputs import make_args, output_shape, torch_dtype
+from d2kbench.harness.inputs import clone_args, make_args, output_shape, torch_dtype
 from d2kbench.tasks.formula import FormulaError, evaluate_formula
 from d2kbench.tasks.loader import REQUIRED_FILES, SUITE_DIR, TaskFileError, import_file, list_tasks, load_task
 
@@ -32,8 +32,12 @@ def _same_signature(a: inspect.Signature, b: inspect.Signature) -> bool:
     return key(a) == key(b)
 
 
-def validate_task(task_id: str | Path, run_smoke: bool = True) -> list[str]:
-    """Problems of one task folder, each ``file: field: problem`` (empty when valid)."""
+def validate_task(task_id: str | Path, run_smoke: bool = True, run_alternatives: bool = True) -> list[str]:
+    """Problems of one task folder, each ``file: field: problem`` (empty when valid).
+
+    ``run_smoke`` runs the reference on the smoke workloads (CPU); ``run_alternatives`` (with
+    ``run_smoke``) also runs the alternatives declared for the CPU there, checked like solutions
+    (``torch.compile`` alternatives compile, which takes seconds per workload)."""
     try:
         task = load_task(task_id)
     except TaskFileError as e:
@@ -67,6 +71,7 @@ def validate_task(task_id: str | Path, run_smoke: bool = True) -> list[str]:
         tpl_sig = _signature(root / "template.py")
         if not _same_signature(ref_sig, tpl_sig):
             problems.append(f"{root / 'template.py'}: run: signature {tpl_sig} differs from the reference's {ref_sig}")
+        problems.extend(_alternative_signatures(task, ref_sig))
     except Exception as e:  # noqa: BLE001 - report, do not crash the validator
         problems.append(f"{root}: run signature: {type(e).__name__}: {e}")
     for w in spec.all_workloads():
@@ -81,6 +86,80 @@ def validate_task(task_id: str | Path, run_smoke: bool = True) -> list[str]:
                     problems.append(f"{root / 'task.yaml'}: sol.{vname}.{field}: {e}")
     if run_smoke and not problems:
         problems.extend(_run_smoke(task))
+    if run_smoke and run_alternatives and not problems:
+        problems.extend(_run_alternatives(task))
+    return problems
+
+
+def _alternative_signatures(task, ref_sig: inspect.Signature) -> list[str]:
+    """Every alternative file defines ``run`` with exactly the reference's signature
+    (``compile_reference`` alternatives compile the reference itself and have no file)."""
+    problems = []
+    for i, alt in enumerate(task.spec.alternatives):
+        if alt.file is None:
+            continue
+        where = f"{task.root / alt.file}: alternatives.{i} ({alt.name})"
+        try:
+            sig = _signature(task.root / alt.file)
+        except Exception as e:  # noqa: BLE001 - report, do not crash the validator
+            problems.append(f"{where}: {type(e).__name__}: {e}")
+            continue
+        if not _same_signature(ref_sig, sig):
+            problems.append(f"{where}: run: signature {sig} differs from the reference's {ref_sig}")
+    return problems
+
+
+def _alternative_callable(task, alt, ref):
+    """The ``run`` of an alternative, in this process: its file's, or ``torch.compile`` of the
+    reference's for ``compile_reference`` (what the worker's compiled_reference runs)."""
+    if alt.compile_reference:
+        from d2kbench.harness.compiled_reference import compile_reference
+
+        return compile_reference(ref.run)
+    return import_file(task.root / alt.file).run
+
+
+def _reply(result) -> dict:
+    """What a worker would answer for ``result`` (the fields the parent's checks read)."""
+    outs = list(result) if isinstance(result, (tuple, list)) else [result]
+    exact = [type(o) is torch.Tensor for o in outs]
+    return {"outputs": [o.detach() if ok else None for o, ok in zip(outs, exact)],
+            "types": [f"{type(o).__module__}.{type(o).__qualname__}" for o in outs],
+            "subclass": [isinstance(o, torch.Tensor) and not ok for o, ok in zip(outs, exact)],
+            "container": type(result).__name__,
+            "strides": [list(o.stride()) if ok else None for o, ok in zip(outs, exact)]}
+
+
+def _check_alternative(task, ref, fn, workload) -> str | None:
+    """One call of an alternative on a smoke workload (CPU), checked by the harness's checks
+    (structure, finiteness, tolerances, state updates, untouched inputs); the first failure."""
+    from d2kbench.harness.evaluate import _Expected, check_reply
+
+    pristine = make_args(ref, task.spec, workload, 0, "cpu")
+    args = clone_args(pristine)
+    with torch.no_grad():
+        reply = _reply(fn(*args))
+    results, _ = check_reply(0, task.spec, workload, ref, args, _Expected(task, ref, workload, pristine), reply)
+    failed = [r for r in results if not r.passed]
+    return f"{failed[0].name}: {failed[0].detail}" if failed else None
+
+
+def _run_alternatives(task) -> list[str]:
+    """Run every alternative declared for the CPU on every smoke workload, in this process."""
+    problems = []
+    ref = task.reference_module()
+    for i, alt in enumerate(task.spec.alternatives):
+        if "cpu" not in alt.devices:
+            continue
+        where = f"{task.root / 'task.yaml'}: alternatives.{i} ({alt.name})"
+        try:
+            fn = _alternative_callable(task, alt, ref)
+            for w in task.spec.smoke_workloads:
+                failure = _check_alternative(task, ref, fn, w)
+                if failure:
+                    problems.append(f"{where}: smoke workload {w.id}: {failure}")
+        except Exception as e:  # noqa: BLE001 - report, do not crash the validator
+            problems.append(f"{where}: {type(e).__name__}: {e}")
     return problems
 
 
@@ -125,6 +204,7 @@ def _run_smoke(task) -> list[str]:
     return problems
 
 
-def validate_all(suite_dir: Path = SUITE_DIR, run_smoke: bool = True) -> dict[str, list[str]]:
+def validate_all(suite_dir: Path = SUITE_DIR, run_smoke: bool = True,
+                 run_alternatives: bool = True) -> dict[str, list[str]]:
     """``{task_id: problems}`` for every task folder of the suite."""
-    return {t: validate_task(suite_dir / t, run_smoke) for t in list_tasks(suite_dir)}
+    return {t: validate_task(suite_dir / t, run_smoke, run_alternatives) for t in list_tasks(suite_dir)}

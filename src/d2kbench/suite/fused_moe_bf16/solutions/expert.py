@@ -62,6 +62,8 @@ NSUB = 4 if _INTERPRET else 16
 COUNT_TILE = 256 if _INTERPRET else 1024
 SLICE_QUANTUM = 64 if _INTERPRET else 512
 ALIGN_WARPS = 8
+#: Fewest expert bins (padding experts receive nothing; see align()).
+MIN_E_PAD = 32
 
 _SM_COUNT: dict[int, int] = {}
 
@@ -361,7 +363,10 @@ def fused_moe(x, w13, w2, topk_weights, topk_ids, cfg: MoEConfig) -> torch.Tenso
     sorted_ids = torch.empty(num_m * BM, dtype=torch.int32, device=dev)
     expert_ids = torch.empty(num_m, dtype=torch.int32, device=dev)
     ntpp = torch.empty(1, dtype=torch.int32, device=dev)
-    E_PAD = triton.next_power_of_2(max(E, 2))
+    # At least MIN_E_PAD bins: triton 3.6 cannot compile the [NSUB, E_PAD] tl.gather of the scatter
+    # when NSUB * E_PAD < the program's threads (assertion `isWarpLocal` in
+    # OptimizeThreadLocality; e.g. Mixtral's E = 8 with 8 warps). Bins >= E stay empty.
+    E_PAD = max(triton.next_power_of_2(E), MIN_E_PAD)
     single = n <= SINGLE_MAX
     if single:
         chunk, P = max(n, 1), 1

@@ -36,7 +36,9 @@ L3 -- Hopper mapping.
     D <= 128; smaller N tiles and 2 stages for D = 256 to stay in registers and shared memory.
     ``tl.dot`` with fp32 accumulation lowers to wgmma; the K/V loads are software-pipelined
     (``num_stages``). Scalar base offsets are int64 (``b * stride_b`` exceeds 2^31 bytes on large
-    batches); tile offsets advance pointers. A short autotune list per head dim picks the tile.
+    batches); the K/V loops advance one *scalar* tile pointer per iteration and add loop-invariant
+    int32 offset tensors (a loop-carried BLOCK_N x D tensor of 64-bit pointers costs two registers
+    per element and spilled every config). A short autotune list per head dim picks the tile.
 """
 
 from __future__ import annotations
@@ -52,18 +54,31 @@ LOG2E = 1.4426950408889634
 
 
 def _configs() -> list[triton.Config]:
-    """Autotune candidates (BLOCK_M a multiple of BLOCK_N: the unmasked phase ends on a tile edge)."""
+    """Autotune candidates (BLOCK_M a multiple of BLOCK_N: the unmasked phase ends on a tile edge).
+
+    Four per head dim (:func:`_prune` keeps the head dim's four): the first call autotunes every
+    kept config once per (S, HEAD_DIM, GROUP) key, so the list stays short. Every config fits the
+    H200's 227 KB of shared memory and compiles without register spills (checked for sm_90 with
+    devtools/compile_sm90.py and the cubins' STACK size).
+    """
     if _INTERPRET:
         return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=1, num_stages=1)]
-    cfgs = []
-    for bm, bn, w, s in ((128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4), (128, 64, 4, 3), (64, 64, 4, 3),
-                         (128, 64, 8, 2), (128, 32, 8, 2), (64, 64, 4, 2), (64, 64, 8, 2), (64, 32, 4, 3)):
-        cfgs.append(triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s))
-    return cfgs
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+            for bm, bn, w, s in sorted(_D128_CONFIGS | _D256_CONFIGS, reverse=True)]
 
 
-_D128_CONFIGS = {(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4), (128, 64, 4, 3), (64, 64, 4, 3)}
-_D256_CONFIGS = {(128, 64, 8, 2), (128, 32, 8, 2), (64, 64, 4, 2), (64, 64, 8, 2), (64, 32, 4, 3)}
+#: (BLOCK_M, BLOCK_N, num_warps, num_stages) per head dim; sm_90 shared memory and registers per
+#: thread in the comments (ptxas, devtools/compile_sm90.py; every one without spills: check the
+#: cubin's STACK, not only LOCAL). At D = 256 all use 8 warps: with 4 warps the fp32 accumulator
+#: alone is 128 registers per thread (64 x 64 and 64 x 32 tiles with 4 warps spilled).
+_D128_CONFIGS = {(128, 128, 8, 2),   # 160 KB, 244-254 regs
+                 (128, 64, 8, 3),    # 128 KB, 177 regs
+                 (128, 64, 8, 4),    # 160 KB, 177 regs
+                 (64, 64, 4, 3)}     # 112 KB, 193 regs
+_D256_CONFIGS = {(128, 64, 8, 2),    # 192 KB, 255 regs
+                 (128, 32, 8, 3),    # 160 KB, 230 regs
+                 (64, 64, 8, 2),     # 160 KB, 201 regs
+                 (64, 32, 8, 3)}     # 128 KB, 155 regs
 
 
 def _prune(configs, named_args, **kwargs):
@@ -117,38 +132,48 @@ def _attn_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
 
+    # K/V addressing: a *scalar* pointer to the current tile (int64 base, advanced by one tile per
+    # iteration) plus loop-invariant int32 offset tensors. Never carry BLOCK_N x D tensors of
+    # 64-bit pointers through the loop: that costs 2 registers per element per operand (and more
+    # copies for the software pipeline) and spilled every config to local memory (255 registers,
+    # 0.5-2.4 KB of stack), 3-4.6x slower than recomputing the addresses.
+    k_offs = offs_n[:, None] * stride_ks + offs_d[None, :]
+    v_offs = offs_n[:, None] * stride_vs + offs_d[None, :]
+    k_tile = k_base
+    v_tile = v_base
+
     # Phase 1: KV tiles entirely below the diagonal (keys < start_m <= S): no mask, no bounds.
-    k_ptrs = k_base + offs_n[:, None] * stride_ks + offs_d[None, :]
-    v_ptrs = v_base + offs_n[:, None] * stride_vs + offs_d[None, :]
     for start_n in range(0, start_m, BLOCK_N):
-        k = tl.load(k_ptrs)
+        k = tl.load(k_tile + k_offs)
         qk = tl.dot(q, tl.trans(k)) * qk_scale
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         p = tl.exp2(qk - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptrs)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        v = tl.load(v_tile + v_offs)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_new
-        k_ptrs += BLOCK_N * stride_ks
-        v_ptrs += BLOCK_N * stride_vs
+        k_tile += BLOCK_N * stride_ks
+        v_tile += BLOCK_N * stride_vs
 
     # Phase 2: the diagonal tiles [start_m, min(start_m + BLOCK_M, S)): causal mask (it also hides
     # keys >= S from every valid row); loads past S are masked to zero.
     for start_n in range(start_m, tl.minimum(start_m + BLOCK_M, S), BLOCK_N):
         kn = start_n + offs_n
-        k = tl.load(k_ptrs, mask=kn[:, None] < S, other=0.0)
+        k = tl.load(k_tile + k_offs, mask=kn[:, None] < S, other=0.0)
         qk = tl.dot(q, tl.trans(k)) * qk_scale
         qk = tl.where(offs_m[:, None] >= kn[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         p = tl.exp2(qk - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptrs, mask=kn[:, None] < S, other=0.0)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        v = tl.load(v_tile + v_offs, mask=kn[:, None] < S, other=0.0)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_new
-        k_ptrs += BLOCK_N * stride_ks
-        v_ptrs += BLOCK_N * stride_vs
+        k_tile += BLOCK_N * stride_ks
+        v_tile += BLOCK_N * stride_vs
 
     # Epilogue: normalise once; lse in natural log.
     out = acc / l_i[:, None]

@@ -36,6 +36,8 @@ def _store_kernel(K, V, KC, VC, SLOTS, KS, VS, D, PAGE,
                   stride_kcp, stride_kcs, stride_kch, stride_vcp, stride_vcs, stride_vch,
                   BLOCK_D: tl.constexpr, INTERPRET: tl.constexpr):
     """Grid (T, Hkv)."""
+    # IEEE division (tl.div_rn): fp32 `/` compiles to the approximate div.full.f32 on the GPU and
+    # the cache check is bit-exact.
     t = tl.program_id(0)
     h = tl.program_id(1)
     slot = tl.load(SLOTS + t)
@@ -44,10 +46,10 @@ def _store_kernel(K, V, KC, VC, SLOTS, KS, VS, D, PAGE,
     d = tl.arange(0, BLOCK_D)
     mask = (d < D) & (slot >= 0)
     k = tl.load(K + t * stride_kt + h * stride_kh + d, mask=mask, other=0.0).to(tl.float32)
-    k = tl.minimum(tl.maximum(k / tl.load(KS), -448.0), 448.0)
+    k = tl.minimum(tl.maximum(tl.div_rn(k, tl.load(KS)), -448.0), 448.0)
     tl.store(KC + page * stride_kcp + pos * stride_kcs + h * stride_kch + d, _exact_e4m3(k, INTERPRET), mask=mask)
     v = tl.load(V + t * stride_vt + h * stride_vh + d, mask=mask, other=0.0).to(tl.float32)
-    v = tl.minimum(tl.maximum(v / tl.load(VS), -448.0), 448.0)
+    v = tl.minimum(tl.maximum(tl.div_rn(v, tl.load(VS)), -448.0), 448.0)
     tl.store(VC + page * stride_vcp + pos * stride_vcs + h * stride_vch + d, _exact_e4m3(v, INTERPRET), mask=mask)
 
 

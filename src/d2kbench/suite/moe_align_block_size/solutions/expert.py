@@ -65,6 +65,8 @@ SLICE_QUANTUM = 64 if _INTERPRET else 512
 #: Bound of the barrier's spin loop (a safety valve; it is never reached when all programs run).
 MAX_SPIN = 1 << 22
 NUM_WARPS = 8
+#: Fewest expert bins (padding experts receive nothing; see align()).
+MIN_E_PAD = 32
 
 _SM_COUNT: dict[int, int] = {}
 
@@ -199,7 +201,10 @@ def align(topk_ids: torch.Tensor, block_size: int, num_experts: int, mode: str, 
     sorted_ids = torch.empty(length, dtype=torch.int32, device=dev)
     expert_ids = torch.empty((length + B - 1) // B, dtype=torch.int32, device=dev)
     ntpp = torch.empty(1, dtype=torch.int32, device=dev)
-    E_PAD = triton.next_power_of_2(max(E, 2))
+    # At least MIN_E_PAD bins: triton 3.6 cannot compile the [NSUB, E_PAD] tl.gather of the scatter
+    # when NSUB * E_PAD < the program's threads (assertion `isWarpLocal` in
+    # OptimizeThreadLocality; e.g. Mixtral's E = 8 with 8 warps). Bins >= E stay empty.
+    E_PAD = max(triton.next_power_of_2(E), MIN_E_PAD)
     single = mode == "single"
     if single:
         chunk, P = max(n, 1), 1

@@ -48,8 +48,10 @@ import triton
 import triton.language as tl
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-FP8_MAX = 448.0
-EPS = 1e-10
+# Globals read inside @triton.jit code must be tl.constexpr instances: the compiler rejects plain
+# Python numbers ("Cannot access global variable ..."), although the CPU interpreter accepts them.
+FP8_MAX = tl.constexpr(448.0)
+EPS = tl.constexpr(1e-10)
 
 
 @triton.jit
