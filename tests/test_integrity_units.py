@@ -322,3 +322,28 @@ def test_perturbation_scale_ignores_nan_slots_and_handles_fp8():
     assert ops.finite_abs_max(torch.full((4,), float("nan"))) == 1.0
     f8 = torch.tensor([0.5, -448.0, 2.0]).to(torch.float8_e4m3fn)
     assert ops.finite_abs_max(f8) == 448.0
+
+
+def test_guard_install_does_not_import_dynamo_but_still_wraps_torch_compile():
+    """Installing the worker's guard must not pull in torch._dynamo/_inductor (seconds per
+    worker); torch.compile is still wrapped and a solution's own import of dynamo is refused."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import sys, time
+        import torch
+        from d2kbench.tasks.loader import import_file, load_task
+        from d2kbench.integrity.guard import Guard
+        task = load_task("muon_newton_schulz")
+        ref = import_file(task.root / "reference.py", "d2k_task_reference")
+        g = Guard("cpu", str(task.resolve_solution("straightforward")), task, ref, trusted=False)
+        g.install()
+        g.audit.disarm()
+        print(sorted(m for m in ("torch._dynamo", "torch._inductor") if m in sys.modules),
+              getattr(torch.compile, "_d2k_wrapped", False), "torch.compile" in g.snapshot)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[-2] == "[] True True"

@@ -374,9 +374,10 @@ def run_solutions(task: Task, entries: list[tuple[str, str, str | Path]], worklo
                     h.wait_ready()
                 runs[label].startup_s = h.startup_s
                 live[label] = h
-            except WorkerFailure as f:  # import failed: every workload gets the same cause
+            except WorkerFailure as f:  # import failed: every workload gets the same cause and findings
                 for wl in workloads:
                     record(label, WorkloadResult(workload=wl.id, status=_status(f.status), cause=f.cause,
+                                                 violations=[Violation(**x) for x in f.violations],
                                                  correctness_only=wl.correctness_only))
         for n, wl in enumerate(workloads):
             order = list(live) if n % 2 == 0 else list(reversed(live))

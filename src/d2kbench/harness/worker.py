@@ -57,6 +57,16 @@ def _storage_range(t) -> tuple[int, int]:
     return st.data_ptr(), st.data_ptr() + st.nbytes()
 
 
+def poison_uninitialized_memory(torch, on: bool) -> None:
+    """Switch PyTorch's deterministic mode, in which newly allocated memory (``torch.empty`` and
+    friends) is filled with NaN (floats) or the largest integer, so that an output a solution
+    never writes fails the checks (``torch.utils.deterministic.fill_uninitialized_memory``).
+
+    Calls the C switch that ``torch.use_deterministic_algorithms`` wraps: the Python function
+    also imports ``torch._inductor`` (2-6 s per worker, measured) only to set an Inductor flag."""
+    torch._C._set_deterministic_algorithms(on, warn_only=on)
+
+
 def find_aliases(outputs: list, args: list) -> list[str]:
     """Evidence strings for outputs whose storage overlaps an input's storage."""
     import torch
@@ -93,7 +103,8 @@ class Worker:
     def error(self, status: str, cause: str, violations: list[dict] | None = None) -> None:
         v = self.findings + list(violations or [])
         self.findings = []
-        if v and status == "runtime_error":  # e.g. a PermissionError raised by the integrity audit hook
+        # e.g. a PermissionError raised by the integrity audit hook, at a call or at the import
+        if v and status in ("runtime_error", "compile_error"):
             status, cause = "integrity_violation", f"{v[0]['rule']}: {v[0]['evidence']} ({cause})"
         self.send({"kind": "error", "status": status, "cause": cause, "violations": v})
 
@@ -148,7 +159,7 @@ class Worker:
 
     def do_call(self, args: list) -> None:
         torch = self.torch
-        torch.use_deterministic_algorithms(True, warn_only=True)  # torch.empty -> NaN / max int
+        poison_uninitialized_memory(torch, True)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -163,7 +174,7 @@ class Worker:
             self.error(classify(e), describe(e, self.solution_path), info.get("violations") if "info" in locals() else None)
             return
         finally:
-            torch.use_deterministic_algorithms(False)
+            poison_uninitialized_memory(torch, False)
         outs = list(result) if isinstance(result, (tuple, list)) else [result]
         types = [f"{type(o).__module__}.{type(o).__qualname__}" for o in outs]
         exact = [type(o) is torch.Tensor for o in outs]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import random
 import threading
+import types
 from collections import Counter
 from pathlib import Path
 from typing import Callable
@@ -40,6 +41,7 @@ CRITICAL = (
     "torch.cuda.CUDAGraph.replay", "torch.cuda.CUDAGraph.capture_begin", "torch.cuda.CUDAGraph.capture_end",
     "torch.cuda.get_device_properties", "torch.cuda.is_available",
     "torch.use_deterministic_algorithms", "torch.are_deterministic_algorithms_enabled", "torch.empty",
+    "torch._C._set_deterministic_algorithms",
     "torch.isfinite", "torch.Tensor", "torch.Tensor.clone", "torch.Tensor.detach", "torch.Tensor.copy_",
     "torch.Tensor.zero_", "torch.Tensor.fill_", "torch.Tensor.untyped_storage", "torch.Tensor.data_ptr",
     "torch.profiler.profile", "torch.autograd.profiler.record_function",
@@ -66,8 +68,9 @@ ENTRY_POINTS = ("torch.compile", "torch._dynamo.optimize", "torch._dynamo.export
                 "torch.utils.cpp_extension._jit_compile", "torch.jit.script", "torch.jit.trace")
 
 
-def _resolve(dotted: str):
-    """The object at ``dotted`` (module path, then attributes), or None."""
+def _resolve(dotted: str, import_missing: bool = True):
+    """The object at ``dotted`` (module path, then attributes), or None; with
+    ``import_missing=False`` only modules already imported are looked at."""
     import importlib
     import sys
 
@@ -75,6 +78,8 @@ def _resolve(dotted: str):
     for i in range(len(parts), 0, -1):
         mod = sys.modules.get(".".join(parts[:i]))
         if mod is None:
+            if not import_missing:
+                continue
             try:
                 mod = importlib.import_module(".".join(parts[:i]))
             except Exception:  # noqa: BLE001 - not every name exists on every build
@@ -82,7 +87,10 @@ def _resolve(dotted: str):
         obj = mod
         try:
             for p in parts[i:]:
-                obj = obj.__dict__[p] if isinstance(obj, type) and p in obj.__dict__ else getattr(obj, p)
+                if not import_missing and isinstance(obj, types.ModuleType):
+                    obj = obj.__dict__[p]  # a module's __getattr__ may import lazily (torch._dynamo)
+                else:
+                    obj = obj.__dict__[p] if isinstance(obj, type) and p in obj.__dict__ else getattr(obj, p)
         except (AttributeError, KeyError):
             return None
         return obj
@@ -178,11 +186,9 @@ class Guard:
         importing the solution); arms the audit hook for the import."""
         if self.trusted:
             return
-        import torch
-
-        torch.use_deterministic_algorithms(torch.are_deterministic_algorithms_enabled())  # imports dynamo lazily
         import importlib
 
+        import torch
         import torch.profiler  # noqa: F401
         import torch.utils._python_dispatch  # noqa: F401
 
@@ -211,7 +217,10 @@ class Guard:
 
         for dotted in ENTRY_POINTS:
             owner_name, attr = dotted.rsplit(".", 1)
-            owner = _resolve(owner_name)
+            # Only modules already loaded: importing torch._dynamo here would cost seconds per
+            # worker, and a solution's own import of an unloaded one is refused by the audit
+            # hook (audit.FORBIDDEN_IMPORTS) before any of its functions can be reached.
+            owner = _resolve(owner_name, import_missing=False)
             target = getattr(owner, attr, None) if owner is not None else None
             if target is None or getattr(target, "_d2k_wrapped", False):
                 continue
@@ -252,7 +261,7 @@ class Guard:
 
         snap = {}
         for name in self._names():
-            obj = _resolve(name)
+            obj = _resolve(name, import_missing=False)
             if obj is not None:
                 snap[name] = _fingerprint(obj)
         for modname in ("time", "torch", "torch.cuda", "numpy", "triton", "multiprocessing.connection", *HARNESS_MODULES,
@@ -281,7 +290,7 @@ class Guard:
                 if now is None or (id(now),) != fp:
                     changed.append(f"{name} was replaced")
                 continue
-            obj = _resolve(name)
+            obj = _resolve(name, import_missing=False)
             if obj is None or _fingerprint(obj) != fp:
                 changed.append(f"{name} is now {_describe(obj)}" if obj is not None else f"{name} was deleted")
         if changed:
