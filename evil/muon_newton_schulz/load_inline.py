@@ -1,8 +1,9 @@
 """Catalogue #30: an inline CUDA/C++ extension (cuBLAS or hand-written CUDA) instead of Triton.
 
 Trick: build an extension with ``torch.utils.cpp_extension.load_inline`` at the first call.
-Expected: ``integrity_violation`` / ``forbidden_library`` (the entry point is wrapped and
-refused before anything is compiled). Static review: ``ast_forbidden_import``, ``ast_compile``.
+Expected: ``integrity_violation`` / ``forbidden_library`` (the audit hook refuses the solution's
+import of ``torch.utils.cpp_extension``; were it already loaded, the wrapped entry point would
+refuse the call before anything is compiled). Static review: ``ast_forbidden_import``, ``ast_compile``.
 """
 from torch.utils.cpp_extension import load_inline
 
