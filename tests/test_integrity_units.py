@@ -347,3 +347,31 @@ def test_guard_install_does_not_import_dynamo_but_still_wraps_torch_compile():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[-2] == "[] True True"
+
+
+def test_solution_scope_excludes_libraries_and_the_harness_beside_the_solution():
+    """A solution kept in a project root next to its virtual environment (or the harness's
+    sources) must not make PyTorch or d2kbench frames count as the solution's own code."""
+    import os
+    from pathlib import Path
+
+    import torch
+
+    from d2kbench.integrity.audit import _stdlib_dirs, is_solution_file, solution_scope
+
+    site = next(d for d in _stdlib_dirs()[1] if os.path.isdir(d))
+    torch_file = os.path.realpath(torch.__file__)
+    assert torch_file.startswith(site)
+    root_solution = str(Path(site).parent / "my_solution.py")  # a folder that contains site-packages
+    scope = solution_scope(root_solution)
+    assert is_solution_file(os.path.realpath(root_solution), scope)
+    assert is_solution_file(str(Path(site).parent / "helper.py"), scope)  # its own helper module
+    assert not is_solution_file(torch_file, scope)
+    import d2kbench.harness.timing as timing
+
+    repo_solution = str(Path(timing.__file__).resolve().parents[2] / "my_solution.py")  # next to src/d2kbench
+    assert not is_solution_file(os.path.realpath(timing.__file__), solution_scope(repo_solution))
+    shipped = Path(timing.__file__).resolve().parents[1] / "suite" / "muon_newton_schulz" / "solutions" / "expert.py"
+    shipped_scope = solution_scope(str(shipped))  # a solution inside the package keeps its own folder
+    assert is_solution_file(str(shipped.parent / "_helper.py"), shipped_scope)
+    assert not is_solution_file(os.path.realpath(timing.__file__), shipped_scope)

@@ -180,6 +180,15 @@ def test_lint_cli_reports_triton_findings(tmp_path):
     assert res.exit_code == 0, res.output
 
 
+def test_lint_refuses_files_it_cannot_review(tmp_path):
+    res = CliRunner().invoke(app, ["lint", str(tmp_path / "absent.py")])
+    assert res.exit_code == 2 and "no such file" in res.output
+    broken = tmp_path / "broken.py"
+    broken.write_text("def run(x:\n    return x\n")
+    res = CliRunner().invoke(app, ["lint", str(broken)])
+    assert res.exit_code == 2 and "SyntaxError" in res.output and "ok" not in res.output.split()
+
+
 _COMPILE = textwrap.dedent('''
     import json, os, sys
     os.environ.pop("TRITON_INTERPRET", None)

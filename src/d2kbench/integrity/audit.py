@@ -67,6 +67,26 @@ def _stdlib_dirs() -> tuple[tuple[str, ...], tuple[str, ...]]:
     return std, tuple(sites)
 
 
+def solution_scope(solution_path: str) -> tuple[str, str, tuple[str, ...]]:
+    """``(file, folder, excluded)`` that decide which code is the solution's: the solution file,
+    and other files in its folder except those inside installed libraries (site-packages) or the
+    d2kbench package, unless the solution itself lives there. A solution kept in a project root
+    next to a virtual environment (``./.venv``) or the harness's sources (``./src``) must not
+    make PyTorch or the harness count as solution code."""
+    sol_file = os.path.realpath(solution_path)
+    sol_dir = os.path.dirname(sol_file) + os.sep
+    _, site_dirs = _stdlib_dirs()
+    package = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep  # .../d2kbench/
+    excluded = tuple(d for d in (*site_dirs, package) if not sol_file.startswith(d))
+    return sol_file, sol_dir, excluded
+
+
+def is_solution_file(fn: str, scope: tuple[str, str, tuple[str, ...]]) -> bool:
+    """Whether code from file ``fn`` is the solution's under ``scope`` (:func:`solution_scope`)."""
+    sol_file, sol_dir, excluded = scope
+    return fn == sol_file or (fn.startswith(sol_dir) and not fn.startswith(excluded))
+
+
 class AuditRecorder:
     """The worker's handle on the installed hook: arm/disarm it, record, and drain findings."""
 
@@ -87,8 +107,7 @@ def install(solution_path: str, protected: list[str]) -> AuditRecorder:
         protected: folders nobody may write into while armed (harness, task, site-packages).
     """
     std_dirs, site_dirs = _stdlib_dirs()
-    sol_file = os.path.realpath(solution_path)
-    sol_dir = os.path.dirname(sol_file) + os.sep
+    scope = solution_scope(solution_path)
     own_file = os.path.realpath(__file__)
     protected_dirs = tuple(sorted({os.path.realpath(p).rstrip(os.sep) + os.sep for p in protected}))
     state = {"armed": False}
@@ -110,7 +129,7 @@ def install(solution_path: str, protected: list[str]) -> AuditRecorder:
             if fn == own_file or is_stdlib(fn):
                 f = f.f_back
                 continue
-            if fn == sol_file or fn.startswith(sol_dir) or (fn.startswith("<") and not fn.startswith("<frozen")):
+            if is_solution_file(fn, scope) or (fn.startswith("<") and not fn.startswith("<frozen")):
                 return fn, f.f_lineno
             return None
         return None
@@ -225,15 +244,14 @@ def solution_caller(solution_path: str, depth: int = 2) -> str | None:
     is the solution's (the first frame outside the standard library is in the solution's folder
     or was compiled from a string); None when the harness, PyTorch or another library called."""
     std_dirs, site_dirs = _stdlib_dirs()
-    sol_file = os.path.realpath(solution_path)
-    sol_dir = os.path.dirname(sol_file) + os.sep
+    scope = solution_scope(solution_path)
     f = sys._getframe(depth)
     while f is not None:
         fn = f.f_code.co_filename
         if fn.startswith("<frozen") or (fn.startswith(std_dirs) and not fn.startswith(site_dirs)):
             f = f.f_back
             continue
-        if fn == sol_file or fn.startswith(sol_dir) or fn.startswith("<"):
+        if is_solution_file(fn, scope) or fn.startswith("<"):
             return f"{os.path.basename(fn)}:{f.f_lineno}"
         return None
     return None

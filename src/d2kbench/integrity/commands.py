@@ -67,6 +67,19 @@ def register(app: typer.Typer) -> None:
         compiler rejects); exit 1 on any finding."""
         from d2kbench.integrity.static import static_violations
 
+        missing = [f for f in files if not f.is_file()]
+        if missing:
+            console.print(f"[red]no such file: {', '.join(map(str, missing))}[/red]")
+            raise typer.Exit(2)
+        unparsable = []
+        for f in files:
+            try:
+                compile(f.read_text(), str(f), "exec")
+            except (SyntaxError, ValueError, UnicodeDecodeError) as e:
+                unparsable.append(f"{f}: {type(e).__name__}: {e}")
+        if unparsable:
+            console.print("[red]cannot review (not valid Python):[/red] " + "; ".join(unparsable), highlight=False)
+            raise typer.Exit(2)
         portability = {}
         if triton_check:
             from d2kbench.integrity.triton_lint import check_files
