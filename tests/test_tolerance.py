@@ -21,9 +21,23 @@ def test_probes_separate_on_smoke_workloads(muon):
         "repeated_triple": False, "no_safety_factor": False, "batch_norm": False,
     }
     assert all(ok for _, _, ok in v.values())
-    # the FP16 reference is within the FP64 tolerance with margin on every workload
-    ref = [r for r in res if r.probe == "reference_fp16"]
-    assert all(r.errors["out:oracle:rel_fro"] < 0.6 * r.thresholds["out:oracle:rel_fro"] for r in ref)
+
+
+def test_fp16_reference_sits_well_inside_the_tolerance(muon, monkeypatch):
+    """The FP16 reference's error against FP64, as a fraction of the tolerance, per smoke
+    workload over 5 fresh random input sets: every draw passes (< 1) and the median is below
+    0.6. (The worst single draw is a tail statistic: 0.56 was the largest of 48 draws on the CI
+    machine, and one draw above 0.6 was seen, so a bound on the worst draw would be flaky.)"""
+    from d2kbench.suite.muon_newton_schulz.calibration import PROBES
+
+    monkeypatch.setattr(cal, "load_probes", lambda task: [p for p in PROBES if p[0] == "reference_fp16"])
+    ratios: dict[str, list[float]] = {}
+    for _ in range(5):
+        for r in cal.calibrate(muon, list(muon.spec.smoke_workloads), "cpu", calls=1):
+            ratios.setdefault(r.workload, []).append(r.errors["out:oracle:rel_fro"] / r.thresholds["out:oracle:rel_fro"])
+    for wl, xs in ratios.items():
+        xs.sort()
+        assert xs[-1] < 1.0 and xs[len(xs) // 2] < 0.6, (wl, xs)
 
 
 def test_unexpected_verdict_is_reported(muon, monkeypatch):
