@@ -56,3 +56,18 @@ def test_eval_failing_solution_exits_nonzero_with_cause(tmp_path):
 def test_eval_unknown_workload():
     r = runner.invoke(app, ["eval", "muon_newton_schulz", "reference", "--device", "cpu", "-w", "nope"])
     assert r.exit_code == 2 and "has no workload 'nope'" in r.output
+    assert not r.output.lstrip().startswith('"')  # the message itself, not a KeyError's repr
+
+
+def test_gpu_sized_workloads_on_the_cpu_get_a_note(capsys):
+    from d2kbench.cli import _warn_slow_on_cpu
+    from d2kbench.tasks import load_task
+
+    t = load_task("muon_newton_schulz")
+    paper, smoke = t.spec.workload("paper_32x2048x5464"), t.spec.smoke_workloads[0]
+    _warn_slow_on_cpu(t, "cpu", [smoke])
+    _warn_slow_on_cpu(t, "cuda", [paper])
+    assert capsys.readouterr().out == ""
+    _warn_slow_on_cpu(t, "cpu", [smoke, paper])
+    out = capsys.readouterr().out
+    assert "paper_32x2048x5464 is GPU-sized" in out and smoke.id not in out

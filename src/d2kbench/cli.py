@@ -16,6 +16,22 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 console = Console()
 
 
+
+def _refuse(e: Exception) -> None:
+    """Print a bad-input error (a KeyError's message without the quotes ``str`` adds) and exit 2."""
+    msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+    console.print(f"[red]{msg}[/red]", markup=True, highlight=False)
+    raise typer.Exit(2) from None
+
+
+def _warn_slow_on_cpu(task, device: str, workloads) -> None:
+    """Registered (GPU-sized) workloads on the CPU run under the Triton interpreter: say so."""
+    big = [w.id for w in workloads if device == "cpu" and w not in task.spec.smoke_workloads]
+    if big:
+        console.print(f"[yellow]note: {', '.join(big)} {'is' if len(big) == 1 else 'are'} GPU-sized; on the CPU "
+                      "(Triton interpreter) expect minutes to hours per workload. The smoke workloads are the "
+                      "CPU's default.[/yellow]", highlight=False)
+
 def _task(task_id: str):
     from d2kbench.tasks import TaskFileError, load_task
 
@@ -141,8 +157,8 @@ def eval_cmd(
         if baseline != "none":
             t.resolve_solution(baseline, dev)
     except (ValueError, KeyError, FileNotFoundError) as e:
-        console.print(f"[red]{e}[/red]")
-        raise typer.Exit(2) from None
+        _refuse(e)
+    _warn_slow_on_cpu(t, dev, wls)
     store = Store(store_path or DEFAULT_PATH)
     evs = []
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
@@ -216,8 +232,8 @@ def bench(
         for s in [*solution, baseline]:
             t.resolve_solution(s, dev)
     except (ValueError, KeyError, FileNotFoundError) as e:
-        console.print(f"[red]{e}[/red]")
-        raise typer.Exit(2) from None
+        _refuse(e)
+    _warn_slow_on_cpu(t, dev, wls)
     store = Store(store_path or DEFAULT_PATH)
     with console.status(f"benchmarking {', '.join(solution)} vs {baseline} on {t.id} ({dev})") as st:
         res = benchmark(t, list(solution), wls, dev, baseline, store=store, options=Options(timeout_s=timeout),
@@ -262,8 +278,7 @@ def calibrate(
         with console.status(f"calibrating {t.id} on {dev}"):
             res = run_calibration(t, wls, dev, calls)
     except (ValueError, KeyError, FileNotFoundError) as e:
-        console.print(f"[red]{e}[/red]")
-        raise typer.Exit(2) from None
+        _refuse(e)
     page = to_markdown(t, res, fingerprint(dev))
     console.print(Markdown(page))
     if json_path:

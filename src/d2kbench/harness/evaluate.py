@@ -20,7 +20,7 @@ import torch
 
 from d2kbench.harness import checks
 from d2kbench.harness.env import fingerprint, nvidia_smi
-from d2kbench.harness.inputs import clone_args, make_args, secret_seed
+from d2kbench.harness.inputs import args_nbytes, clone_args, make_args, secret_seed
 from d2kbench.harness.phases import PhaseClock, phase
 from d2kbench.harness.phases import current as current_clock
 from d2kbench.harness.process import WorkerFailure, WorkerHandle
@@ -122,6 +122,91 @@ class _Expected:
         return self._oracle[key]
 
 
+    def precompute(self) -> None:
+        """Compute now everything the checks of this call will ask for: the reference's outputs
+        and states, and the FP64-oracle slices of every ``against: oracle`` tolerance."""
+        self.reference()
+        for ospec in self.spec.outputs:
+            for tol in self.wl.checks_for(ospec.name, ospec.checks):
+                if tol.against == "oracle":
+                    self.oracle(tol)
+
+    def nbytes(self) -> int:
+        """Bytes held: the inputs plus the expected values computed so far."""
+        held = list(self.pristine)
+        if self._reference is not None:
+            held += self._reference[0] + self._reference[1]
+        for _sample, outs in self._oracle.values():
+            held += outs
+        return args_nbytes(held)
+
+
+def _draw_call(task: Task, reference, workload: Workload, device: str) -> tuple[list, _Expected]:
+    """Fresh secret inputs for one correctness call and their (lazy) expected values."""
+    with phase("inputs"):
+        pristine = make_args(reference, task.spec, workload, secret_seed(), device)
+        _settle(pristine)
+    return pristine, _Expected(task, reference, workload, pristine)
+
+
+class Prefetch:
+    """Correctness calls drawn and checked-against ahead of time, while the workers start.
+
+    Spawned workers spend seconds importing torch, initialising CUDA and importing (and
+    guarding) the solution, during which the parent and the GPU are idle. :meth:`step` draws the
+    next correctness call's secret inputs and computes its expected values (reference, FP64
+    oracle) in that time; :func:`run_workload` takes them instead of drawing new ones. The
+    inputs stay secret in the parent until their call; each solution still gets its own copy
+    at a fresh address. What is prefetched is bounded by ``budget_bytes`` of inputs plus
+    expected values.
+    """
+
+    def __init__(self, task: Task, reference, workloads: list[Workload], device: str, calls: int,
+                 budget_bytes: int):
+        self.task, self.reference, self.device = task, reference, device
+        self.plan = [wl for wl in workloads for _ in range(calls)]
+        self.ready: dict[str, list[tuple[list, _Expected]]] = {}
+        self.budget_bytes = budget_bytes
+        self.held_bytes = 0
+        self.done = not self.plan
+
+    def step(self) -> bool:
+        """Prepare the next planned call; False when there is nothing (more) to do: the plan is
+        finished, the budget is spent, or preparing failed (the same failure then surfaces
+        where the call is drawn normally)."""
+        if self.done:
+            return False
+        wl = self.plan.pop(0)
+        try:
+            pristine, expected = _draw_call(self.task, self.reference, wl, self.device)
+            expected.precompute()
+        except Exception:  # noqa: BLE001 - e.g. OOM: stop prefetching, the normal path reports
+            self.done = True
+            return False
+        self.ready.setdefault(wl.id, []).append((pristine, expected))
+        self.held_bytes += expected.nbytes()
+        self.done = not self.plan or self.held_bytes >= self.budget_bytes
+        return True
+
+    def take(self, workload: Workload) -> tuple[list, _Expected] | None:
+        """The oldest prepared call of ``workload`` (removed), or None."""
+        queue = self.ready.get(workload.id)
+        if not queue:
+            return None
+        item = queue.pop(0)
+        self.held_bytes -= item[1].nbytes()
+        return item
+
+
+def prefetch_budget(device: str) -> int:
+    """Bytes the parent may hold in prefetched calls: a quarter of the GPU memory free at the
+    start (the workers need the rest), 1 GiB on the CPU."""
+    if device == "cuda":
+        free, _total = torch.cuda.mem_get_info()
+        return free // 4
+    return 1 << 30
+
+
 def _settle(args: list) -> None:
     """Wait for the GPU work queued so far when ``args`` live on a GPU, so that the phase
     clock charges asynchronous kernels to the phase that queued them (the parent would wait
@@ -215,7 +300,8 @@ class _RoleState:
 
 
 def run_workload(handles: dict[str, WorkerHandle], task: Task, reference, workload: Workload, device: str,
-                 opts: Options, guards: dict | None = None) -> dict[str, WorkloadResult]:
+                 opts: Options, guards: dict | None = None,
+                 prefetch: Prefetch | None = None) -> dict[str, WorkloadResult]:
     """Check (``opts.check_calls`` calls), time, and re-check every solution in ``handles`` on one
     workload. Each call's inputs and expected values are drawn and computed once and shared by
     the solutions (each gets its own copy of the inputs); the order of ``handles`` is the order
@@ -223,6 +309,8 @@ def run_workload(handles: dict[str, WorkerHandle], task: Task, reference, worklo
 
     ``guards`` (label -> :class:`d2kbench.integrity.parent.ParentGuard`) add the integrity
     protocol: worker findings, static findings, the sensitivity call, checks of timed outputs.
+    ``prefetch`` supplies correctness calls prepared while the workers started (the re-check
+    after timing always draws its inputs then).
 
     Never raises for solution failures: they come back as each result's status and cause.
     """
@@ -234,10 +322,8 @@ def run_workload(handles: dict[str, WorkerHandle], task: Task, reference, worklo
         return [r for r in handles if st[r].failure is None]
 
     def one_call(call: int) -> None:
-        with phase("inputs"):
-            pristine = make_args(reference, task.spec, workload, secret_seed(), device)
-            _settle(pristine)
-        expected = _Expected(task, reference, workload, pristine)
+        ready = prefetch.take(workload) if prefetch is not None and call < opts.check_calls else None
+        pristine, expected = ready or _draw_call(task, reference, workload, device)
         for role in active():
             try:
                 with phase("inputs"):
@@ -314,9 +400,11 @@ def run_workload(handles: dict[str, WorkerHandle], task: Task, reference, worklo
 
 def _split_worker_phases(reply: dict, source: str, prefix: str) -> None:
     """Move the worker's own breakdown of a request (``reply["phases"]``, seconds; a call:
-    ``run``, ``guard``, ``pack``; a timing request: ``inputs``, ``warmup`` (warm-up calls, L2
-    flushes, graph capture), ``samples``, ``integrity``) out of the parent's ``source`` phase
-    into ``<prefix>_<part>`` phases; what stays in ``source`` is transfer between the processes.
+    ``unpack`` (unpickling the args), ``run``, ``guard``, ``pack``; a timing request: ``inputs``,
+    ``warmup`` (warm-up calls, L2 flushes, graph capture), ``samples``, ``integrity``) out of the
+    parent's ``source`` phase into ``<prefix>_<part>`` phases; what stays in ``source`` is the
+    pipe and the worker's pickling of its answer (the parent's own pickling and unpickling are
+    the ``transfer_send`` / ``transfer_recv`` phases).
     The worker's figures are diagnostics only: no check reads them."""
     clock, parts = current_clock(), reply.get("phases")
     if clock is not None and isinstance(parts, dict):
@@ -367,6 +455,9 @@ def run_solutions(task: Task, entries: list[tuple[str, str, str | Path]], worklo
                 h.spawn()
         with phase("prepare"):  # while the workers import torch and the solutions
             reference = task.reference_module()
+            prefetch = Prefetch(task, reference, workloads, device, opts.check_calls, prefetch_budget(device))
+        while not all(h.answered() for h in handles.values()) and prefetch.step():
+            pass  # the first calls' inputs and expected values, while the workers start
         live = {}
         for label, h in handles.items():
             try:
@@ -382,7 +473,7 @@ def run_solutions(task: Task, entries: list[tuple[str, str, str | Path]], worklo
         for n, wl in enumerate(workloads):
             order = list(live) if n % 2 == 0 else list(reversed(live))
             say(f"{wl.id}: {' vs '.join(runs[r].solution for r in order)}")
-            results = run_workload({r: live[r] for r in order}, task, reference, wl, device, opts, guards)
+            results = run_workload({r: live[r] for r in order}, task, reference, wl, device, opts, guards, prefetch)
             with phase("store"):
                 for label in live:
                     if results[label].status.failed:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch.multiprocessing as tmp
 
+from d2kbench.harness.phases import phase
 from d2kbench.harness.worker import worker_main
 
 #: Answer kinds a request may legitimately get back, per op.
@@ -83,6 +84,14 @@ class WorkerHandle:
         self.startup_s = {k: float(v) for k, v in startup.items() if isinstance(v, (int, float))} \
             if isinstance(startup, dict) else {}
 
+    def answered(self) -> bool:
+        """True when an answer (or the end of the pipe) is waiting: :meth:`wait_ready` or the
+        pending request's answer would not block. Does not read it."""
+        try:
+            return self.conn is None or self.conn.poll(0)
+        except (EOFError, OSError):
+            return True
+
     def request(self, msg: dict, timeout_s: float | None = None) -> dict:
         """Send one request and return the worker's answer.
 
@@ -94,7 +103,8 @@ class WorkerHandle:
             self.start()
         nonce = secrets.token_hex(16)  # the worker echoes it; solution code cannot read it (integrity.audit)
         try:
-            self.conn.send({**msg, "nonce": nonce})
+            with phase("transfer_send"):  # pickling: CUDA IPC handles / shared-memory files of the args
+                self.conn.send({**msg, "nonce": nonce})
         except (BrokenPipeError, ConnectionError, OSError) as e:
             raise self._died(f"could not send {msg.get('op')!r}: {e}") from None
         reply = self._recv(timeout_s or self.timeout_s, msg.get("op", "?"))
@@ -117,7 +127,8 @@ class WorkerHandle:
             self.kill()
             raise WorkerFailure("timeout", f"no answer to {what!r} within {timeout_s:.0f} s (worker killed)")
         try:
-            reply = self.conn.recv()
+            with phase("transfer_recv"):  # unpickling: opening the answer's CUDA IPC handles
+                reply = self.conn.recv()
         except (EOFError, ConnectionError, OSError):
             raise self._died(f"worker died during {what!r}") from None
         except Exception as e:  # noqa: BLE001 - an unpicklable or garbled answer

@@ -157,7 +157,7 @@ class Worker:
         if self.device == "cuda":
             self.torch.cuda.synchronize()
 
-    def do_call(self, args: list) -> None:
+    def do_call(self, args: list, unpack_s: float = 0.0) -> None:
         torch = self.torch
         poison_uninitialized_memory(torch, True)
         try:
@@ -190,7 +190,8 @@ class Worker:
             "container": type(result).__name__, "aliases": aliases, "wall_s": wall,
             "strides": [list(o.stride()) if ok else None for o, ok in zip(outs, exact)],  # the clone may re-lay out
             "violations": self.findings + info["violations"],
-            "phases": {"run": wall, "guard": guard_s, "pack": time.perf_counter() - t_pack},  # seconds, diagnostics
+            "phases": {"unpack": unpack_s, "run": wall, "guard": guard_s,  # seconds, diagnostics
+                       "pack": time.perf_counter() - t_pack},
         })
         self.findings = []
 
@@ -254,14 +255,17 @@ class Worker:
             return
         while True:
             try:
-                msg = self.conn.recv()
+                self.conn.poll(None)  # wait for the next request (not counted)
+                t_unpack = time.perf_counter()
+                msg = self.conn.recv()  # unpickling rebuilds the args (CUDA IPC handles opened here)
+                unpack_s = time.perf_counter() - t_unpack
             except EOFError:
                 return
             self.pending = []
             self.nonce = msg.get("nonce") if isinstance(msg, dict) else None
             op = msg.get("op")
             if op == "call":
-                self.do_call(msg["args"])
+                self.do_call(msg["args"], unpack_s)
             elif op == "time":
                 self.do_time(msg)
                 if self.device == "cuda":  # give the timing sets' memory back for the parent and other workers
