@@ -293,7 +293,7 @@ def calibrate(
 
 @app.command()
 def results(
-    task: Optional[str] = typer.Option(None, help="only this task"),
+    task: Optional[str] = typer.Option(None, help="only this task (listed, and merged with --merge)"),
     solution: Optional[str] = typer.Option(None, help="a solution name or sha256 prefix"),
     limit: int = typer.Option(30, help="newest N rows"),
     store_path: Path = typer.Option(None, "--store", help="SQLite results store"),
@@ -307,7 +307,7 @@ def results(
     for other in merge or []:
         try:
             target = Store(path)
-            n = target.merge_evaluations(other)
+            n = target.merge_evaluations(other, task)
             target.close()
         except (FileNotFoundError, sqlite3.DatabaseError) as e:
             console.print(f"[red]cannot merge {other}: {e}[/red]")

@@ -171,10 +171,11 @@ class Store:
             )
         return int(cur.lastrowid)
 
-    def merge_evaluations(self, other: str | Path) -> int:
+    def merge_evaluations(self, other: str | Path, task: str | None = None) -> int:
         """Append the evaluation records of another store file (e.g. one written on a GPU
         machine) to this one; evaluations already present (same ``eval_id``) are skipped, so
-        merging twice adds nothing. Returns the number of result rows added.
+        merging twice adds nothing. ``task``: only that task's evaluations. Returns the number
+        of result rows added.
 
         Raises:
             FileNotFoundError: ``other`` does not exist; sqlite3.DatabaseError: not a store.
@@ -185,7 +186,7 @@ class Store:
         try:
             have = {r[0] for r in self.conn.execute("SELECT eval_id FROM evaluations")}
             new = [r for r in src.conn.execute("SELECT * FROM evaluations ORDER BY created_at")
-                   if r["eval_id"] not in have]
+                   if r["eval_id"] not in have and (task is None or r["task"] == task)]
             added = 0
             with self.conn:
                 for ev in new:

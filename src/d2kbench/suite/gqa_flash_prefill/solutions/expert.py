@@ -34,8 +34,9 @@ L2 -- dataflow.
 L3 -- Hopper mapping.
     ``BLOCK_M = 128`` rows with 8 warps (two warpgroups of 64 rows, the wgmma M granularity) for
     D <= 128; smaller N tiles and 2 stages for D = 256 to stay in registers and shared memory.
-    ``tl.dot`` with fp32 accumulation lowers to wgmma; the K/V loads are software-pipelined
-    (``num_stages``). Scalar base offsets are int64 (``b * stride_b`` exceeds 2^31 bytes on large
+    ``tl.dot`` with fp32 accumulation lowers to wgmma; the K/V loads are software-pipelined (kernel
+    ``num_stages = 2``, deeper buffering only through ``tl.range(num_stages=LOOP_STAGES)`` on the
+    unmasked loop: kernel-wide ``num_stages >= 3`` makes ptxas serialise every wgmma). Scalar base offsets are int64 (``b * stride_b`` exceeds 2^31 bytes on large
     batches); the K/V loops advance one *scalar* tile pointer per iteration and add loop-invariant
     int32 offset tensors (a loop-carried BLOCK_N x D tensor of 64-bit pointers costs two registers
     per element and spilled every config). A short autotune list per head dim picks the tile.
@@ -56,29 +57,36 @@ LOG2E = 1.4426950408889634
 def _configs() -> list[triton.Config]:
     """Autotune candidates (BLOCK_M a multiple of BLOCK_N: the unmasked phase ends on a tile edge).
 
-    Four per head dim (:func:`_prune` keeps the head dim's four): the first call autotunes every
-    kept config once per (S, HEAD_DIM, GROUP) key, so the list stays short. Every config fits the
-    H200's 227 KB of shared memory and compiles without register spills (checked for sm_90 with
-    devtools/compile_sm90.py and the cubins' STACK size).
+    Five at D <= 128, four at D = 256 (:func:`_prune` keeps the head dim's list): the first call
+    autotunes every kept config once per (S, HEAD_DIM, GROUP) key, so the lists stay short. Every
+    config fits the H200's 227 KB of shared memory, compiles without register spills (checked for
+    sm_90 with devtools/compile_sm90.py and the cubins' STACK size) and without serialised wgmma
+    (``ptxas -v`` warning C7515, see ``LOOP_STAGES`` in the kernel).
     """
     if _INTERPRET:
-        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=1, num_stages=1)]
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-            for bm, bn, w, s in sorted(_D128_CONFIGS | _D256_CONFIGS, reverse=True)]
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 16, "LOOP_STAGES": 0}, num_warps=1, num_stages=1)]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "LOOP_STAGES": ls}, num_warps=w, num_stages=2)
+            for bm, bn, w, ls in sorted(_D128_CONFIGS | _D256_CONFIGS, reverse=True)]
 
 
-#: (BLOCK_M, BLOCK_N, num_warps, num_stages) per head dim; sm_90 shared memory and registers per
-#: thread in the comments (ptxas, devtools/compile_sm90.py; every one without spills: check the
-#: cubin's STACK, not only LOCAL). At D = 256 all use 8 warps: with 4 warps the fp32 accumulator
-#: alone is 128 registers per thread (64 x 64 and 64 x 32 tiles with 4 warps spilled).
-_D128_CONFIGS = {(128, 128, 8, 2),   # 160 KB, 244-254 regs
-                 (128, 64, 8, 3),    # 128 KB, 177 regs
-                 (128, 64, 8, 4),    # 160 KB, 177 regs
-                 (64, 64, 4, 3)}     # 112 KB, 193 regs
-_D256_CONFIGS = {(128, 64, 8, 2),    # 192 KB, 255 regs
-                 (128, 32, 8, 3),    # 160 KB, 230 regs
-                 (64, 64, 8, 2),     # 160 KB, 201 regs
-                 (64, 32, 8, 3)}     # 128 KB, 155 regs
+#: (BLOCK_M, BLOCK_N, num_warps, LOOP_STAGES) per head dim. The kernel is always compiled with
+#: num_stages=2; LOOP_STAGES > 0 deepens only the K/V pipeline of the unmasked loop (0: the
+#: default 2 buffers). Kernel-wide num_stages >= 3 made ptxas serialise every wgmma of the kernel
+#: (C7515: "non wgmma instructions defining accumulator registers ..." -- a wait after each
+#: HGMMA, 24-48 WARPGROUP.DEPBAR instead of 4), which the previous list shipped in 5 of its 8
+#: configs; the loop-level stage count keeps the same buffering with wgmma pipelined.
+#: sm_90 shared memory and registers per thread (ptxas) in the comments, all without spills.
+#: At D = 256 all use 8 warps: with 4 warps the fp32 accumulator alone is 128 registers per
+#: thread (64 x 64 and 64 x 32 tiles with 4 warps spilled).
+_D128_CONFIGS = {(128, 128, 8, 0),   # 160 KB, 244 regs
+                 (128, 128, 8, 3),   # 224 KB, 255 regs
+                 (128, 64, 8, 3),    # 128 KB, 185 regs
+                 (128, 64, 8, 4),    # 160 KB, 185 regs
+                 (64, 64, 4, 3)}     # 112 KB, 199 regs: two CTAs per SM (2 x 113 KB, 2 x 25.6K regs)
+_D256_CONFIGS = {(128, 64, 8, 0),    # 192 KB, 255 regs
+                 (128, 32, 8, 3),    # 160 KB, 246 regs
+                 (64, 64, 8, 0),     # 160 KB, 201 regs
+                 (64, 32, 8, 3)}     # 128 KB, 157 regs
 
 
 def _prune(configs, named_args, **kwargs):
@@ -87,7 +95,8 @@ def _prune(configs, named_args, **kwargs):
         return configs
     d = named_args.get("HEAD_DIM", kwargs.get("HEAD_DIM"))
     want = _D256_CONFIGS if d is not None and d > 128 else _D128_CONFIGS
-    kept = [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in want]
+    kept = [c for c in configs
+            if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.kwargs["LOOP_STAGES"]) in want]
     return kept or configs
 
 
@@ -102,7 +111,7 @@ def _attn_fwd_kernel(
     stride_vb, stride_vs, stride_vh,
     stride_ob, stride_os, stride_oh,
     HEAD_DIM: tl.constexpr, GROUP: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOOP_STAGES: tl.constexpr,
 ):
     """One program = one BLOCK_M tile of query rows of one (b, h). 1-D grid, LPT tile order.
 
@@ -143,7 +152,8 @@ def _attn_fwd_kernel(
     v_tile = v_base
 
     # Phase 1: KV tiles entirely below the diagonal (keys < start_m <= S): no mask, no bounds.
-    for start_n in range(0, start_m, BLOCK_N):
+    # LOOP_STAGES > 0: K/V buffers of this loop's software pipeline (the kernel's num_stages stays 2).
+    for start_n in tl.range(0, start_m, BLOCK_N, num_stages=LOOP_STAGES if LOOP_STAGES > 0 else None):
         k = tl.load(k_tile + k_offs)
         qk = tl.dot(q, tl.trans(k)) * qk_scale
         m_new = tl.maximum(m_i, tl.max(qk, 1))
