@@ -1,4 +1,4 @@
-"""Expert Triton solution: MoE align-block-size as a one-launch counting sort.
+"""Expert Triton solution: MoE align-block-size as a one-launch counting sort without per-id atomics.
 
 Contract (identical to ``reference.run``)
 ------------------------------------------
@@ -10,35 +10,45 @@ holds its assignments ``t k + j`` in any order and the sentinel ``n`` in its pad
 
 Design
 ------
-L1 -- counting sort, not a comparison sort.
+L1 -- counting sort, not a comparison sort of the whole input.
     Histogram the ``n`` expert ids (``E`` buckets), exclusive-scan the *padded* counts to get
-    each segment's start, then scatter every assignment to ``start[e] + (its rank among e's
-    assignments)``.  O(n) work; the order inside a segment is free, so ranks come from
-    atomic cursors and no stable order is maintained.  Only the ``<= E (B-1)`` padding slots
-    get the sentinel (no memset of the whole output); the output sizes are static upper
-    bounds, so nothing depends on the host (CUDA-graph safe).
+    each segment's start, then put every assignment at ``start[e] + (its rank among e's
+    assignments)``.  Only the ``<= E (B-1)`` padding slots get the sentinel; output sizes are
+    static upper bounds, so nothing depends on the host (CUDA-graph safe).
 
-L2 -- one launch, counts on chip, phases separated by a grid barrier.
-    ``P`` programs (at most one per SM, so that all are resident) each own a contiguous
-    slice of the ids.  Phase 1: a program histograms its slice in registers
-    (``tl.histogram``) and adds the histogram to the global per-expert counts with ONE vector
-    atomic (E adds per program instead of one per id).  A grid barrier (arrival counter plus
-    spin) separates the phases.  Phase 2: every program reads the E counts, scans the padded
-    counts in registers (redundantly: cheaper than another launch), program 0 writes
-    ``num_tokens_post_padded``, the programs share the ``expert_ids`` blocks and the padding
-    slots, and each scatters its own slice (re-read from L2).  At decode sizes (``n <=``
-    :data:`SINGLE_MAX`) one program does everything: no barrier, no workspace memset.
-    Without the grid barrier (:data:`GRID_SYNC` off, or the CPU interpreter, which runs
-    programs one after the other) the same kernel runs as two launches (phase 1, phase 2).
+L2 -- one launch, ids read once and kept in registers.
+    ``P`` programs (one per SM, all resident) each own a contiguous slice of ``CHUNK`` ids,
+    loaded once into registers.  A program histograms its slice (``tl.histogram``) and adds
+    the histogram to the global counts with ONE vector atomic whose *returned old values* are
+    the program's base offset inside every expert's segment (the programs' ranges inside a
+    segment are disjoint; the order inside a segment is free).  The rank of an id among the
+    program's ids of the same expert comes from a local sort (below), so the scatter needs no
+    per-id global atomic at all (the previous version's ~0.9 atomics per id on a handful of
+    hot counter lines were its bottleneck).  Grid barrier: the counts themselves; every add is
+    positive and they total ``n``, so once a program reads ``sum(counts) == n`` every count is
+    final (no arrival counter, no extra round trip).  Then every program scans the E counts
+    (redundantly; cheaper than another launch), writes its share of ``expert_ids`` and of the
+    padding, and stores its ids.  At decode sizes (``n <=`` :data:`SINGLE_MAX`) one program
+    does everything with no memset and no grid barrier (see L3 for its ranks).
 
-L3 -- aggregated atomics for the ranks.
-    The scatter takes ``NSUB x SUB`` ids at a time.  Inside each ``SUB``-wide sub-tile a
-    ``SUB x SUB`` equality matrix gives every id its rank among equal ids and the group size;
-    only the first id of each group (the leader) does ``old = atomic_add(cursor[e], size)``,
-    and the others take the leader's ``old`` from the same matrix.  This divides the atomic
-    traffic on hot experts by the group size (Mixtral's 8 experts: ~8x), and all sub-tiles of
-    a step issue their atomics together, so one L2 round trip covers ``NSUB x SUB`` ids.
-    int32 everywhere; the barrier has a spin bound so that a failure cannot hang the GPU.
+L3 -- in-program ranks from a sort of packed keys, not from atomics.
+    ``key = expert << log2(CHUNK) | local index``; ``tl.sort`` (a bitonic network over
+    registers, warp shuffles and a few shared-memory exchanges) orders the keys by expert.  The
+    id at sorted position ``p`` with expert ``e`` has local rank ``p - lstart[e]`` (``lstart``:
+    exclusive scan of the local histogram), so its slot is ``off[e] + p`` with ``off = start +
+    program base - lstart`` (one gather from an E-vector).  Consecutive sorted ids of one expert
+    go to consecutive slots, so the stores coalesce.  Deterministic apart from the order of the
+    programs' base offsets.  For few experts (E_PAD <= :data:`ONEHOT_MAX`) the rank is a
+    cumulative sum of the one-hot rows instead, four experts per int64 word (16-bit fields):
+    E_PAD / 4 one-dimensional scans, cheaper than the sort.
+    Block owners: every expert writes its own blocks (``start/B + j``, ``j < padded/B``), the
+    programs share the ``j`` range; the padding slots likewise.
+    Decode sizes (one program): a sort of all ``n`` ids on one SM is a long serial chain of
+    shared-memory exchanges (the previous single path: ~114 CTA barriers).  There the rank is
+    the returned old value of a per-id ``atomic_add`` on E counters the program zeroes itself
+    (an uninitialised workspace, no memset node); after a CTA barrier the counters ARE the
+    counts, so no histogram either.  ~2k atomics from one SM cost about one L2 round trip
+    plus ~1 cycle each of request issue, far less than the sort.
 """
 
 from __future__ import annotations
@@ -51,22 +61,29 @@ import triton.language as tl
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
-#: One launch with a grid-wide barrier between the phases (off: two launches).
-GRID_SYNC = True
 #: Up to this many assignments one program does everything (decode batches).
-SINGLE_MAX = 1024
-#: Scatter step: NSUB sub-tiles of SUB ids (the equality matrices are SUB x SUB).
-SUB = 32
-NSUB = 4 if _INTERPRET else 16
-#: Ids per histogram step in phase 1.
-COUNT_TILE = 256 if _INTERPRET else 1024
-#: Programs' slices are multiples of this many ids.
-SLICE_QUANTUM = 64 if _INTERPRET else 512
+SINGLE_MAX = 2048
+#: int32 stride of the single-program path's per-expert counters (1: packed, so a warp's
+#: atomics touch at most E/32 lines; the L1 splits a scattered atomic per 128-byte line).
+CNT_STRIDE = 1
+#: Largest [E_PAD, B] padding tile the single-program path stores in one shot.
+SMALL_PAD_TILE = 8192
+#: Warps of the single-program path.
+SMALL_WARPS = 8
+#: Fewest ids per program in the multi-program schedule (a power of two).
+MIN_CHUNK = 256
+#: Up to this many expert bins the local rank is a one-hot cumulative sum instead of a sort.
+ONEHOT_MAX = 16
+#: Ids per sorted row (the sort costs log2(ROW)^2 compare-exchange stages per id).
+ROW = 256
+#: Slices up to this many ids are sorted as one row (R = 1: no per-row histograms).
+ROW_FULL = 1024
 #: Bound of the barrier's spin loop (a safety valve; it is never reached when all programs run).
 MAX_SPIN = 1 << 22
-NUM_WARPS = 8
-#: Fewest expert bins (padding experts receive nothing; see align()).
-MIN_E_PAD = 32
+#: Fewest expert bins (padding bins >= E receive nothing).
+MIN_E_PAD = 8
+#: Elements per program of the 2-D block-owner / padding tiles.
+TILE_ELEMS = 4096
 
 _SM_COUNT: dict[int, int] = {}
 
@@ -82,93 +99,172 @@ def _num_sms(device: torch.device) -> int:
 
 @triton.jit
 def _align_kernel(ids_ptr, sorted_ptr, eids_ptr, ntpp_ptr, ws_ptr,
-                  n, chunk, num_experts, block_size,
-                  E_PAD: tl.constexpr, COUNT_TILE: tl.constexpr, NSUB: tl.constexpr, SUB: tl.constexpr,
-                  PAD_E: tl.constexpr, PAD_B: tl.constexpr, EID_TILE: tl.constexpr,
-                  PHASE: tl.constexpr, SINGLE: tl.constexpr, MAX_SPIN: tl.constexpr):
-    """Counting sort of ``n`` expert ids with block padding.
+                  n, num_experts, block_size,
+                  E_PAD: tl.constexpr, CHUNK: tl.constexpr, S: tl.constexpr, LOG_S: tl.constexpr,
+                  ONEHOT: tl.constexpr, EID_J: tl.constexpr, PAD_J: tl.constexpr,
+                  PHASE: tl.constexpr, MAX_SPIN: tl.constexpr):
+    """Counting sort of ``n`` expert ids with block padding; program ``p`` owns ids
+    ``[p*CHUNK, (p+1)*CHUNK)``.
 
-    PHASE 0: both phases in one launch (grid barrier unless SINGLE); 1: counts only; 2: scan
-    and scatter only.  ``ws_ptr`` int32 workspace: counts[E_PAD] | cursors[E_PAD] | barrier[1],
-    zero-initialised by the caller unless SINGLE (then only the cursors are used, and this
-    program initialises them).  Program ``p`` owns ids ``[p*chunk, min((p+1)*chunk, n))``.
+    PHASE 0: everything in one launch (grid barrier); 1: counts only (stores the program's
+    base offsets to the workspace); 2: the rest (a second launch).  ``ws_ptr`` int32
+    workspace: counts[E_PAD] | bases[P * E_PAD] (bases only for PHASE 1/2), the counts
+    zero-initialised by the caller.  (Decode sizes use :func:`_align_small_kernel`.)
     """
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    lo = pid * chunk
-    hi = tl.minimum(lo + chunk, n)
+    lo = pid * CHUNK
     ex = tl.arange(0, E_PAD)
-    cursor_ptr = ws_ptr + E_PAD
-
-    # ---- phase 1: per-program histogram in registers, one vector atomic into the counts
-    if PHASE != 2:
+    R: tl.constexpr = CHUNK // S
+    if ONEHOT or R == 1:
+        offs = tl.arange(0, CHUNK)
+        m = lo + offs < n
+        e = tl.load(ids_ptr + lo + offs, mask=m, other=0)
+        hist = tl.histogram(e, E_PAD, mask=m)
+    else:
+        # the slice as R rows of S ids; each row is histogrammed on its own (for the prefix
+        # over rows) and sorted on its own (a row sort costs log2(S)^2 stages, not log2(CHUNK)^2)
+        rr = tl.arange(0, R)[:, None]
+        cs = tl.arange(0, S)[None, :]
+        offs2 = rr * S + cs
+        m2 = lo + offs2 < n
+        e2 = tl.load(ids_ptr + lo + offs2, mask=m2, other=0)
+        # pre[r, e] = (ids of expert e in rows < r) - (ids of experts < e in row r)
         hist = tl.zeros([E_PAD], dtype=tl.int32)
-        for start in range(lo, hi, COUNT_TILE):
-            offs = start + tl.arange(0, COUNT_TILE)
-            e = tl.load(ids_ptr + offs, mask=offs < hi, other=0)
-            hist += tl.histogram(e, E_PAD)
-        masked = tl.cdiv(hi - lo, COUNT_TILE) * COUNT_TILE - (hi - lo)  # masked lanes landed in bin 0
-        hist -= tl.where(ex == 0, masked, 0)
-        if not SINGLE:
-            tl.atomic_add(ws_ptr + ex, hist, mask=hist > 0)
-    if PHASE == 0 and not SINGLE:  # grid barrier: every program's counts are in
-        tl.debug_barrier()
-        arrived = tl.atomic_add(ws_ptr + 2 * E_PAD, 1) + 1
-        spins = arrived * 0  # an int32 scalar like `arrived` (loop-carried types must not change)
-        while (arrived < nprog) & (spins < MAX_SPIN):
-            arrived = tl.atomic_add(ws_ptr + 2 * E_PAD, 0)
-            spins += 1
-        tl.debug_barrier()
+        pre = tl.zeros([R, E_PAD], dtype=tl.int32)
+        for r in tl.static_range(R):
+            o = lo + r * S + tl.arange(0, S)
+            h = tl.histogram(tl.load(ids_ptr + o, mask=o < n, other=0), E_PAD, mask=o < n)
+            pre = tl.where(rr == r, (hist - (tl.cumsum(h, 0) - h))[None, :], pre)
+            hist += h
 
-    # ---- phase 2: scan of the padded counts (each program, redundantly), then scatter
+    # ---- program base inside every expert's segment: old value of the vector atomic
+    if PHASE == 2:
+        base = tl.load(ws_ptr + E_PAD * (1 + pid) + ex)
+    else:
+        old = tl.atomic_add(ws_ptr + ex, hist, mask=hist > 0)
+        base = tl.where(hist > 0, old, 0)
+        if PHASE == 1:
+            tl.store(ws_ptr + E_PAD * (1 + pid) + ex, base)
+
     if PHASE != 1:
-        if SINGLE:
-            counts = hist
-            tl.atomic_xchg(cursor_ptr + ex, tl.zeros([E_PAD], dtype=tl.int32))
-            tl.debug_barrier()
+        # ---- local ranks (independent of the other programs: computed before the barrier)
+        if ONEHOT:
+            # rank = number of earlier ids of the same expert: cumulative sum of the one-hot rows
+            # (4 experts per int64 word, 16-bit fields: E_PAD / 4 one-dimensional scans)
+            sh = ((e % 4) * 16).to(tl.int64)
+            one = tl.where(m, tl.full([CHUNK], 1, tl.int64) << sh, 0)
+            rank = tl.zeros([CHUNK], dtype=tl.int32)
+            for w in tl.static_range(E_PAD // 4):
+                cum = tl.cumsum(tl.where(e // 4 == w, one, 0), 0)
+                rank = tl.where(e // 4 == w, ((cum >> sh) & 0xFFFF).to(tl.int32) - 1, rank)
+        elif R == 1:
+            skey1 = tl.sort((tl.where(m, e, E_PAD) << LOG_S) | offs)
+            se1 = skey1 >> LOG_S
+            # sorted position p of an id of expert e: local rank p - (ids of experts < e)
+            lstart = tl.cumsum(hist, 0) - hist
         else:
-            counts = tl.load(ws_ptr + ex, volatile=True)
+            skey = tl.sort((tl.where(m2, e2, E_PAD) << LOG_S) | cs)
+            se = skey >> LOG_S
+            val = lo + rr * S + (skey & (S - 1))
+
+        # ---- grid barrier: wait until every program's counts are in
+        counts = tl.load(ws_ptr + ex, volatile=True)
+        if PHASE == 0:
+            spins = pid * 0
+            while (tl.sum(counts, 0) < n) & (spins < MAX_SPIN):
+                counts = tl.load(ws_ptr + ex, volatile=True)
+                spins += 1
+
+        # ---- scan of the padded counts (every program, redundantly)
         counts = tl.where(ex < num_experts, counts, 0)
         padded = (counts + block_size - 1) // block_size * block_size
         ends = tl.cumsum(padded, 0)
         starts = ends - padded
-        total = tl.sum(padded, 0)
         if pid == 0:
-            tl.store(ntpp_ptr, total)
-        # expert_ids: the owner of block b is the number of segments ending at or before b*B
-        nb = total // block_size
-        for b0 in range(pid * EID_TILE, nb, nprog * EID_TILE):
-            b = b0 + tl.arange(0, EID_TILE)
-            owner = tl.sum((ends[None, :] <= (b * block_size)[:, None]).to(tl.int32), axis=1)
-            tl.store(eids_ptr + b, owner, mask=b < nb)
-        # sentinel in the padding slots [start + count, start + padded) of each expert
-        j = tl.arange(0, PAD_B)
-        for e0 in range(pid * PAD_E, num_experts, nprog * PAD_E):
-            er = e0 + tl.arange(0, PAD_E)
-            er = tl.where(er < num_experts, er, 0)
-            st = tl.gather(starts, er, 0)
-            slot = st[:, None] + tl.gather(counts, er, 0)[:, None] + j[None, :]
-            end = st + tl.gather(padded, er, 0)
-            ok = ((e0 + tl.arange(0, PAD_E)) < num_experts)[:, None] & (slot < end[:, None])
-            tl.store(sorted_ptr + slot, n, mask=ok)
-        # scatter: rank inside SUB-wide sub-tiles, one atomic per (sub-tile, expert) group
-        sub = tl.arange(0, SUB)
-        before = sub[None, None, :] < sub[None, :, None]          # partner j precedes i
-        starts2 = tl.broadcast_to(starts[None, :], (NSUB, E_PAD))
-        for start in range(lo, hi, NSUB * SUB):
-            offs = start + tl.arange(0, NSUB)[:, None] * SUB + sub[None, :]
-            m = offs < hi
-            e = tl.load(ids_ptr + offs, mask=m, other=-1)
-            eq = (e[:, :, None] == e[:, None, :]) & m[:, None, :]
-            rank = tl.sum((eq & before).to(tl.int32), axis=2)
-            size = tl.sum(eq.to(tl.int32), axis=2)
-            lead = m & (rank == 0)
-            es = tl.where(m, e, 0)
-            old = tl.atomic_add(cursor_ptr + es, size, mask=lead)
-            old = tl.where(lead, old, 0)
-            base = tl.sum(tl.where(eq, old[:, None, :], 0), axis=2)
-            slot = tl.gather(starts2, es, 1) + base + rank
-            tl.store(sorted_ptr + slot, offs, mask=m)
+            tl.store(ntpp_ptr, tl.sum(padded, 0))
+
+        # ---- scatter: slot = start[e] + program base[e] + rank among the program's ids of e
+        off = starts + base
+        if ONEHOT:
+            slot = tl.gather(off, tl.where(m, e, 0), 0) + rank
+            tl.store(sorted_ptr + slot, lo + offs, mask=m)
+        elif R == 1:
+            valid1 = se1 < E_PAD
+            slot = tl.gather(off - lstart, tl.where(valid1, se1, 0), 0) + offs
+            tl.store(sorted_ptr + slot, lo + (skey1 & (CHUNK - 1)), mask=valid1)
+        else:
+            valid = se < E_PAD
+            slot = tl.gather(off[None, :] + pre, tl.where(valid, se, 0), 1) + cs
+            tl.store(sorted_ptr + slot, val, mask=valid)
+
+        # ---- expert_ids: expert e owns blocks start[e]/B + j, j < padded[e]/B (programs share j)
+        nblk = padded // block_size
+        sblk = starts // block_size
+        maxb = tl.max(nblk, 0)
+        jj = tl.arange(0, EID_J)
+        for j0 in range(pid * EID_J, maxb, nprog * EID_J):
+            j = j0 + jj
+            tl.store(eids_ptr + sblk[:, None] + j[None, :], tl.broadcast_to(ex[:, None], (E_PAD, EID_J)),
+                     mask=j[None, :] < nblk[:, None])
+        # ---- sentinel in the padding slots [start + count, start + padded) (programs share j)
+        npad = padded - counts
+        first = starts + counts
+        maxp = tl.max(npad, 0)
+        pj = tl.arange(0, PAD_J)
+        for j0 in range(pid * PAD_J, maxp, nprog * PAD_J):
+            j = j0 + pj
+            tl.store(sorted_ptr + first[:, None] + j[None, :], n, mask=j[None, :] < npad[:, None])
+
+
+@triton.jit
+def _align_small_kernel(ids_ptr, sorted_ptr, eids_ptr, ntpp_ptr, cnt_ptr,
+                        n, num_experts, block_size,
+                        E_PAD: tl.constexpr, N_PAD: tl.constexpr, STRIDE: tl.constexpr,
+                        PAD_J: tl.constexpr, PAD_ONE: tl.constexpr):
+    """Decode sizes: ONE program (one CTA) aligns all ``n <= N_PAD`` ids.
+
+    Ranks come from per-id atomics on E counters that this program zeroes itself
+    (``cnt_ptr``: an uninitialised int32 workspace of ``E_PAD * STRIDE``; counter ``e`` at
+    ``e * STRIDE``); the counters' final values are the counts.  Dependent chain: ids load ->
+    atomics -> CTA barrier -> counts load -> scan -> gather -> stores; no sort, no histogram,
+    no memset, no second launch, no per-expert loops (block owners are written per id).  The CTA barriers (``bar.sync``) order the zero stores before the
+    atomics and the atomics before the count read-back (PTX: memory accesses requested before
+    a barrier are performed relative to every thread of the CTA).
+    """
+    offs = tl.arange(0, N_PAD)
+    m = offs < n
+    e = tl.load(ids_ptr + offs, mask=m, other=0)
+    ex = tl.arange(0, E_PAD)
+    tl.store(cnt_ptr + ex * STRIDE, tl.zeros([E_PAD], dtype=tl.int32))
+    tl.debug_barrier()
+    # rank of every id among the ids of its expert (any order inside a segment is valid)
+    rank = tl.atomic_add(cnt_ptr + e * STRIDE, 1, mask=m, sem="relaxed")
+    tl.debug_barrier()
+    counts = tl.load(cnt_ptr + ex * STRIDE, volatile=True)
+
+    counts = tl.where(ex < num_experts, counts, 0)
+    padded = (counts + block_size - 1) // block_size * block_size
+    ends = tl.cumsum(padded, 0)
+    starts = ends - padded
+    # the total is the last inclusive end (a masked store: no cross-warp reduction)
+    tl.store(ntpp_ptr + ex * 0, ends, mask=ex == E_PAD - 1)
+    slot = tl.gather(starts, e, 0) + rank
+    tl.store(sorted_ptr + slot, offs, mask=m)
+    # expert_ids: block j of expert e starts at slot start[e] + j B, which holds the id of rank
+    # j B (j B < count); that id names the block's owner (no per-expert loop, no max)
+    first_in_blk = m & (rank % block_size == 0)
+    tl.store(eids_ptr + slot // block_size, e, mask=first_in_blk)
+    # sentinel in the padding slots [start + count, start + padded): fewer than B per expert
+    npad = padded - counts
+    first = starts + counts
+    pj = tl.arange(0, PAD_J)
+    if PAD_ONE:
+        tl.store(sorted_ptr + first[:, None] + pj[None, :], n, mask=pj[None, :] < npad[:, None])
+    else:
+        for j0 in range(0, tl.max(npad, 0), PAD_J):
+            j = j0 + pj
+            tl.store(sorted_ptr + first[:, None] + j[None, :], n, mask=j[None, :] < npad[:, None])
 
 
 def run(topk_ids: torch.Tensor, block_size: int, num_experts: int):
@@ -181,7 +277,7 @@ def run(topk_ids: torch.Tensor, block_size: int, num_experts: int):
     if n <= SINGLE_MAX:
         mode = "single"
     else:
-        mode = "fused" if GRID_SYNC and not _INTERPRET else "two_phase"
+        mode = "two_phase" if _INTERPRET else "fused"
     return align(topk_ids, block_size, num_experts, mode)
 
 
@@ -189,9 +285,9 @@ def align(topk_ids: torch.Tensor, block_size: int, num_experts: int, mode: str, 
     """:func:`run` with an explicit schedule (tests and the GPU script compare them).
 
     Args:
-        mode: ``single`` (one program, no workspace memset), ``fused`` (one launch, grid
-            barrier; ``programs`` must not exceed what the GPU runs at once) or ``two_phase``.
-        programs: number of programs (default: one per SM, slices of SLICE_QUANTUM ids).
+        mode: ``single`` (one program, per-id atomics on self-zeroed counters), ``fused`` (one launch, grid barrier;
+            ``programs`` must not exceed what the GPU runs at once) or ``two_phase``.
+        programs: number of programs (default: one per SM).
     """
     T, k = topk_ids.shape
     n, E, B = T * k, int(num_experts), int(block_size)
@@ -201,24 +297,30 @@ def align(topk_ids: torch.Tensor, block_size: int, num_experts: int, mode: str, 
     sorted_ids = torch.empty(length, dtype=torch.int32, device=dev)
     expert_ids = torch.empty((length + B - 1) // B, dtype=torch.int32, device=dev)
     ntpp = torch.empty(1, dtype=torch.int32, device=dev)
-    # At least MIN_E_PAD bins: triton 3.6 cannot compile the [NSUB, E_PAD] tl.gather of the scatter
-    # when NSUB * E_PAD < the program's threads (assertion `isWarpLocal` in
-    # OptimizeThreadLocality; e.g. Mixtral's E = 8 with 8 warps). Bins >= E stay empty.
     E_PAD = max(triton.next_power_of_2(E), MIN_E_PAD)
-    single = mode == "single"
-    if single:
-        chunk, P = max(n, 1), 1
-        ws = torch.empty(2 * E_PAD + 1, dtype=torch.int32, device=dev)
-    else:
-        per = triton.cdiv(n, programs or _num_sms(dev))
-        chunk = triton.cdiv(per, SLICE_QUANTUM) * SLICE_QUANTUM
-        P = triton.cdiv(n, chunk)
-        ws = torch.zeros(2 * E_PAD + 1, dtype=torch.int32, device=dev)
-    meta = dict(E_PAD=E_PAD, COUNT_TILE=COUNT_TILE, NSUB=NSUB, SUB=SUB,
-                PAD_E=max(2, min(16, 4096 // triton.next_power_of_2(B))), PAD_B=triton.next_power_of_2(B),
-                EID_TILE=max(2, min(64, 8192 // E_PAD)), SINGLE=single, MAX_SPIN=MAX_SPIN, num_warps=NUM_WARPS)
-    args = (ids, sorted_ids, expert_ids, ntpp, ws, n, chunk, E, B)
-    if mode in ("single", "fused"):
+    per = max(1, TILE_ELEMS // E_PAD)
+    B2 = triton.next_power_of_2(B)
+    args = (ids, sorted_ids, expert_ids, ntpp)
+    if mode == "single":
+        # one program; counters in an uninitialised workspace that the kernel zeroes itself
+        cnt = torch.empty(E_PAD * CNT_STRIDE, dtype=torch.int32, device=dev)
+        n_pad = triton.next_power_of_2(max(n, 1))
+        pad_j = max(1, min(max(per, SMALL_PAD_TILE // E_PAD), B2))  # one shot when E_PAD B2 is small
+        _align_small_kernel[(1,)](*args, cnt, n, E, B, E_PAD=E_PAD, N_PAD=n_pad, STRIDE=CNT_STRIDE,
+                                  PAD_J=pad_j, PAD_ONE=pad_j >= B2, num_warps=SMALL_WARPS)
+        return sorted_ids, expert_ids, ntpp
+    chunk = max(triton.next_power_of_2(triton.cdiv(n, programs or _num_sms(dev))), MIN_CHUNK)
+    P = triton.cdiv(n, chunk)
+    ws = torch.zeros(E_PAD * (1 + (P if mode == "two_phase" else 0)), dtype=torch.int32, device=dev)
+    # block owners: at most ceil(max count / B) + 1 blocks per expert; padding: < B slots per expert
+    eid_j = max(1, min(per, triton.next_power_of_2(triton.cdiv(triton.cdiv(n, B) + 1, P))))
+    pad_j = max(1, min(per, triton.next_power_of_2(triton.cdiv(B2, P))))
+    onehot = E_PAD <= ONEHOT_MAX
+    row = chunk if chunk <= ROW_FULL else ROW
+    meta = dict(E_PAD=E_PAD, CHUNK=chunk, S=row, LOG_S=row.bit_length() - 1, ONEHOT=onehot,
+                EID_J=eid_j, PAD_J=pad_j, MAX_SPIN=MAX_SPIN, num_warps=8)
+    args = (*args, ws, n, E, B)
+    if mode == "fused":
         _align_kernel[(P,)](*args, PHASE=0, **meta)
     elif mode == "two_phase":
         _align_kernel[(P,)](*args, PHASE=1, **meta)
