@@ -4,8 +4,9 @@ Three timers, all called with ``call(i)`` that runs the solution on input set ``
 
 * :func:`time_events` - CUDA events around each call with an L2 flush before it. For calls
   long enough (>~100 us) that launch overhead does not dominate.
-* :func:`time_graph` - many calls on rotating input sets captured in one CUDA graph; each
-  replay is timed with events and divided by the calls it holds. For short calls.
+* :func:`time_graph` - many calls on rotating input sets captured in one CUDA graph (at least
+  :data:`MIN_GRAPH_CALLS` for short calls); each replay is timed with events and divided by the
+  calls it holds. For short calls.
 * :func:`time_cpu` - host ``perf_counter`` per call (CPU runs: exercises the logic, the
   numbers are not GPU latencies).
 
@@ -26,6 +27,15 @@ from d2kbench.harness.results import TimingStats
 MIN_SAMPLES = 10
 MAX_SAMPLES = 200
 TARGET_MS = 1500.0
+#: Graph timing of short calls: a replay holds at least this many calls (the input sets
+#: repeated, in order), like the launch floor's graph
+#: (:func:`d2kbench.harness.launch_floor.launch_floor_ms`), so that the replay's own fixed cost
+#: (the graph launch, several us on the H200) is spread over as many calls in both. Measured on
+#: the H200: a 1.3 us kernel (device time) timed at 5.8-11 us per call with 3 calls per replay.
+MIN_GRAPH_CALLS = 64
+#: ... as long as the repeated passes hold at most this much work (ms, from the warm-up's host
+#: estimate of one call): longer calls amortise the replay's cost by themselves.
+GRAPH_REPEAT_MS = 2.0
 
 
 def summarize(samples_ms: list[float], mode: str, **extra) -> TimingStats:
@@ -104,6 +114,15 @@ def _warmup_cuda(call: Callable[[int], object], n_sets: int, warmup_ms: float, m
     return n + 1, (time.perf_counter() - t1) * 1e3
 
 
+def graph_passes(n_sets: int, est_ms: float, min_calls: int = MIN_GRAPH_CALLS,
+                 repeat_ms: float = GRAPH_REPEAT_MS) -> int:
+    """Passes over ``n_sets`` input sets that one graph captures: enough for ``min_calls`` calls,
+    but no more than ``repeat_ms`` of work at ``est_ms`` per call (at least one pass)."""
+    want = math.ceil(min_calls / max(1, n_sets))
+    fit = math.floor(repeat_ms / (est_ms * max(1, n_sets)) + 1e-9) if est_ms > 0 and math.isfinite(est_ms) else 1
+    return max(1, min(want, fit))
+
+
 def time_events(call: Callable[[int], object], n_sets: int, flush: Callable[[], None],
                 warmup_ms: float = 100.0, min_samples: int = MIN_SAMPLES,
                 max_samples: int = MAX_SAMPLES, target_ms: float = TARGET_MS) -> TimingStats:
@@ -132,16 +151,20 @@ def time_graph(call: Callable[[int], object], n_sets: int, warmup_ms: float = 20
                target_ms: float = TARGET_MS, before_replay: Callable[[], None] | None = None,
                after_replays: Callable[[object, list], None] | None = None) -> TimingStats:
     """CUDA-graph timing: one graph holds one call on each of ``n_sets`` input sets (rotating
-    sets, together several times the L2, so replays do not hit a warm cache); each replay is
-    timed with events and divided by ``n_sets``.
+    sets, together several times the L2, so replays do not hit a warm cache), repeated in
+    :func:`graph_passes` passes for short calls; each replay is timed with events and divided
+    by the calls it holds (``calls_per_sample``).
 
     ``before_replay`` (untimed) may rewrite inputs or poison outputs between replays;
-    ``after_replays(graph, outputs_per_set)`` runs once after the timed replays (integrity
-    checks: a profiled replay, a verification replay on rewritten inputs).
+    ``after_replays(graph, outputs_per_set, calls)`` runs once after the timed replays
+    (integrity checks: a profiled replay, a verification replay on rewritten inputs); the
+    outputs are those of the last pass, ``calls`` the calls per replay.
     """
     import torch
 
-    warm, _ = _warmup_cuda(lambda i: call(i), n_sets, warmup_ms)
+    warm, est_call = _warmup_cuda(lambda i: call(i), n_sets, warmup_ms)
+    passes = graph_passes(n_sets, est_call)
+    calls = n_sets * passes
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # a few eager calls on the capture stream, as PyTorch advises
@@ -151,8 +174,8 @@ def time_graph(call: Callable[[int], object], n_sets: int, warmup_ms: float = 20
     graph = torch.cuda.CUDAGraph()
     keep = []
     with torch.cuda.graph(graph):
-        for i in range(n_sets):
-            keep.append(call(i))
+        for _ in range(passes):  # earlier passes' outputs are dropped: their memory is reused
+            keep = [call(i) for i in range(n_sets)]
     graph.replay()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -169,8 +192,8 @@ def time_graph(call: Callable[[int], object], n_sets: int, warmup_ms: float = 20
         graph.replay()
         e.record()
         e.synchronize()
-        samples.append(s.elapsed_time(e) / n_sets)
+        samples.append(s.elapsed_time(e) / calls)
     if after_replays is not None:
-        after_replays(graph, keep)
+        after_replays(graph, keep, calls)
     del keep, graph
-    return summarize(samples, "graph", calls_per_sample=n_sets, input_sets=n_sets, warmup_calls=warm)
+    return summarize(samples, "graph", calls_per_sample=calls, input_sets=n_sets, warmup_calls=warm)

@@ -219,8 +219,9 @@ def profile_replay(replay: Callable[[], None]) -> list[KernelRecord]:
 
 def compare_graph(replay_kernels: list[KernelRecord], eager_counts: dict[str, float], n_sets: int,
                   triton_names: set[str]) -> list[tuple[str, str]]:
-    """``graph_kernel_mismatch`` when a replay of ``n_sets`` captured calls launches a Triton
-    kernel of the solution fewer than ``n_sets x`` (its minimum count per eager call) times."""
+    """``graph_kernel_mismatch`` when a replay of ``n_sets`` captured calls (every pass over the
+    input sets counts) launches a Triton kernel of the solution fewer than ``n_sets x`` (its
+    minimum count per eager call) times."""
     got: dict[str, int] = {}
     for k in replay_kernels:
         if kernel_class(k.name, k.kind, triton_names) == "triton":

@@ -440,7 +440,7 @@ class Guard:
                 per_call = [Counter(k.name for k in kernels if w.start_ns <= k.start_ns <= w.end_ns
                                     and gpu.kernel_class(k.name, k.kind, names) == "triton") for w in windows]
                 eager = {n: min(c.get(n, 0) for c in per_call) for n in names} if per_call else {}
-                for r, e in gpu.compare_graph(gp["replay_kernels"], eager, gp["n_sets"], names):
+                for r, e in gpu.compare_graph(gp["replay_kernels"], eager, gp["calls"], names):
                     violations.append({"rule": r, "evidence": e})
             violations += self._common("profiling")
         if self.graph_payload.get("verify"):
@@ -456,7 +456,9 @@ class Guard:
 
         ``before_replay`` changes one random element of a floating-point input of set 0 (a new
         position and value every replay), so a graph that gates its work on a checksum of
-        (part of) its inputs cannot skip the work. ``after_replays(graph, keep)`` (1) profiles one
+        (part of) its inputs cannot skip the work. ``after_replays(graph, keep, calls)`` (``keep``:
+        each set's outputs of the graph's last pass over the sets, ``calls``: captured calls per
+        replay) (1) profiles one
         replay for the kernel comparison, (2) packages set 0's inputs and outputs of the last
         timed replay, (3) rewrites set 0 with fresh inputs, poisons its outputs with NaN,
         replays once more and packages the result; the parent checks both.
@@ -477,8 +479,8 @@ class Guard:
             t = float_args[k].view(-1)
             t[rng.randrange(t.numel())] = rng.choice((-1.0, 1.0)) * scales[k] * rng.uniform(0.5, 2.0)
 
-        def after_replays(graph, keep) -> None:
-            payload: dict = {"n_sets": len(sets)}
+        def after_replays(graph, keep, calls: int | None = None) -> None:
+            payload: dict = {"calls": calls or len(sets)}
             if self.device == "cuda" and not self.trusted:
                 payload["replay_kernels"] = gpu.profile_replay(graph.replay)
             torch.cuda.synchronize()

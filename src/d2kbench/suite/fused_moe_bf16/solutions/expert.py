@@ -52,9 +52,6 @@ L3 -- per-regime tiles, swap_ab at decode.
     column tile) straight from topk_ids (each selected expert's gate/up weights stream once),
     then GEMM2 per (token, 16 output columns) looping over the token's k experts in a fixed
     order with the routing weights applied in FP32: the combine is fused, deterministically.
-    On the GPU both kernels are autotuned per shape over a few tilings (rows per program, hence
-    programs per SM; warps; pipeline depth, i.e. weight bytes in flight per SM), because pure
-    weight streaming is decided by latency hiding that only a measurement settles.
 """
 
 from __future__ import annotations
@@ -307,7 +304,7 @@ def _combine_kernel(c3_ptr, out_ptr, H, stride_c3, stride_out, TOPK: tl.constexp
 
 @triton.jit
 def _decode_gemm1_kernel(x_ptr, w13_ptr, ids_ptr, c2_ptr, top_k, H, I,
-                         stride_xt, stride_we, stride_wn, stride_c2, n_assign,
+                         stride_xt, stride_we, stride_wn, stride_c2,
                          BN: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr):
     """Decode (about one token per expert): c2[a, i] = silu(w13[e, i] . x[t]) * (w13[e, I + i] . x[t])
     for assignment a = t k + j, e = topk_ids[a], and BN columns i. One program per (assignment,
@@ -345,9 +342,8 @@ def _decode_gemm1_kernel(x_ptr, w13_ptr, ids_ptr, c2_ptr, top_k, H, I,
 
 @triton.jit
 def _decode_gemm2_combine_kernel(c2_ptr, w2_ptr, ids_ptr, tw_ptr, out_ptr, top_k, H, I,
-                                 stride_c2, stride_we, stride_wn, stride_out, T,
-                                 BN: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
-                                 KP: tl.constexpr):
+                                 stride_c2, stride_we, stride_wn, stride_out,
+                                 BN: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr):
     """Decode: out[t, h] = sum_j topk_weight[t, j] * (w2[e_j, h] . c2[t k + j]) for BN columns h,
     j = 0 .. k-1 in a fixed order (deterministic, FP32), so no combine launch. The k experts'
     K loops are flattened into one software-pipelined loop; each expert's FP32 partial is
@@ -370,19 +366,12 @@ def _decode_gemm2_combine_kernel(c2_ptr, w2_ptr, ids_ptr, tw_ptr, out_ptr, top_k
     acc_hi = tl.zeros((BN, BT), dtype=tl.float32)
     out_acc = tl.zeros((BN, BT), dtype=tl.float32)
     base = t * top_k
-    # the token's k expert ids and routing weights, loaded once (KP = next_pow2(k) lanes): the
-    # weight addresses in the loop then depend on no load, so every pipeline stage is a
-    # weight buffer in flight
-    jr = tl.arange(0, KP)
-    jm = jr < top_k
-    ids_v = tl.load(ids_ptr + base + jr, mask=jm, other=0)
-    tw_v = tl.load(tw_ptr + base + jr, mask=jm, other=0.0)
     for it in range(0, top_k * kt):
         j = it // kt
         kb = it - j * kt
         kk = kb * (2 * BK)
         a = base + j
-        e = tl.sum(tl.where(jr == j, ids_v, 0), axis=0).to(tl.int64)
+        e = tl.load(ids_ptr + a).to(tl.int64)
         kin_lo = (kk + rk) < I
         kin_hi = (kk + BK + rk) < I
         w_p = w2_ptr + e * stride_we + kk + w_rows
@@ -394,54 +383,12 @@ def _decode_gemm2_combine_kernel(c2_ptr, w2_ptr, ids_ptr, tw_ptr, out_ptr, top_k
         acc_lo = tl.dot(w_lo, at_lo, acc_lo)
         acc_hi = tl.dot(w_hi, at_hi, acc_hi)
         last = kb == kt - 1
-        wj = tl.sum(tl.where(jr == j, tw_v, 0.0), axis=0)
+        wj = tl.load(tw_ptr + a)
         out_acc += (acc_lo + acc_hi) * tl.where(last, wj, 0.0)
         acc_lo = tl.where(last, 0.0, acc_lo)
         acc_hi = tl.where(last, 0.0, acc_hi)
     o_ptrs = out_ptr + t.to(tl.int64) * stride_out + rn[:, None] + tl.zeros((1, BT), dtype=tl.int32)
     tl.store(o_ptrs, out_acc.to(out_ptr.dtype.element_ty), mask=nmask[:, None] & col0[None, :])
-
-
-# ---- decode ("direct") autotuning ------------------------------------------------------------
-# Streaming ~75 MB of expert weights for one token leaves the choice between grid size (programs
-# per SM), warps and pipeline depth (bytes in flight per SM) to a measurement on the GPU. Keyed
-# on the shapes only; both kernels overwrite their outputs (c2, out), so re-running a config
-# while tuning is harmless. BT = 8: the single token sits in an 8-wide MMA N (m16n8k16), which
-# halves the shared memory of the token tile against BT = 16 (more stages for the weights).
-# Per-program shared memory per stage = (2 BN BK + BK BT) * 2 bytes; all configs stay within
-# 227 KB per SM at the residency their grid implies (see the report / compile_sm90).
-_DECODE1_CONFIGS = [
-    # the measured baseline: 16 gate + 16 up rows, 384 programs at Qwen3 T = 1 (~3 per SM)
-    triton.Config({"BN": 16, "BK": 128, "BT": 16}, num_warps=2, num_stages=4),
-    # same grid, 5 weight stages in flight (3 x 5 x 8 KB = 120 KB per SM)
-    triton.Config({"BN": 16, "BK": 128, "BT": 8}, num_warps=2, num_stages=6),
-    # 8 + 8 rows (padded M = 16 MMA), 768 programs (~6 per SM), 4 KB weights per stage
-    triton.Config({"BN": 8, "BK": 128, "BT": 8}, num_warps=1, num_stages=5),
-    # 32 + 32 rows, 192 programs (1.5 per SM), 16 KB weights per stage
-    triton.Config({"BN": 32, "BK": 128, "BT": 8}, num_warps=4, num_stages=5),
-]
-_DECODE2_CONFIGS = [
-    # 16 output columns per program (128 programs at Qwen3 T = 1, one per SM), deep pipeline
-    triton.Config({"BN": 16, "BK": 128, "BT": 8}, num_warps=2, num_stages=12),
-    triton.Config({"BN": 16, "BK": 64, "BT": 8}, num_warps=2, num_stages=20),
-    # 8 columns per program (padded M = 16 MMA): 256 programs, two per SM
-    triton.Config({"BN": 8, "BK": 128, "BT": 8}, num_warps=1, num_stages=10),
-    triton.Config({"BN": 8, "BK": 128, "BT": 8}, num_warps=2, num_stages=14),
-]
-
-
-def _quick_bench(fn, quantiles=None):
-    # shorter than the default 25 ms warm-up + 100 ms of repetitions: each call is ~10 us
-    return triton.runtime.driver.active.get_benchmarker()(fn, warmup=5, rep=25, quantiles=quantiles)
-
-
-if _INTERPRET:
-    _decode_gemm1_tuned = _decode_gemm2_tuned = None
-else:
-    _decode_gemm1_tuned = triton.autotune(_DECODE1_CONFIGS, key=["n_assign", "H", "I"],
-                                          do_bench=_quick_bench)(_decode_gemm1_kernel)
-    _decode_gemm2_tuned = triton.autotune(_DECODE2_CONFIGS, key=["T", "top_k", "H", "I"],
-                                          do_bench=_quick_bench)(_decode_gemm2_combine_kernel)
 
 
 @dataclass(frozen=True)
@@ -451,8 +398,7 @@ class MoEConfig:
     ``direct``: the decode path (no sort): GEMM1 tiles are (assignment, bn1 columns) with
     ``warps``/``stages``; the GEMM2+combine tiles are (token, bn2 columns) with ``bk2``,
     ``warps2``, ``stages2``; block_m is the MMA's token width there (one valid
-    column), group_m is unused. ``tuned`` (direct only, GPU only): autotune the two decode
-    kernels over _DECODE1_CONFIGS / _DECODE2_CONFIGS instead of using these tiles."""
+    column), group_m is unused."""
 
     block_m: int
     bn1: int
@@ -466,7 +412,6 @@ class MoEConfig:
     bk2: int = 0
     warps2: int = 0
     stages2: int = 0
-    tuned: bool = False
 
 
 def _pick_bn(active_tiles: float, n_cols: int, sms: int, choices=(128, 64, 32, 16)) -> int:
@@ -498,11 +443,9 @@ def config_for(T: int, H: int, I: int, E: int, k: int, sms: int) -> MoEConfig:
         bn1 = _pick_bn(n, I, sms, (64, 32, 16))
         # GEMM2 + combine: one program per (token, 16 output columns) loops over the token's k
         # experts; few programs (H / 16 per token), so long K steps (2 x bk2 = 256) and a deep
-        # pipeline (8 stages of 8 KB weights + 8 KB token tile) keep ~56 KB in flight per SM.
-        # On the GPU these tiles are only the fallback: ``tuned`` lets triton.autotune pick
-        # among _DECODE1_CONFIGS / _DECODE2_CONFIGS per shape (measured, first call only).
-        return MoEConfig(16, bn1, 16, 128, 1, True, 4 if bn1 >= 32 else 2, 4, True, 128, 2, 8,
-                         tuned=True)
+        # pipeline keep ~40 KB of weights in flight per SM. (The expert id feeding the weight
+        # address is itself a pipelined load: num_stages 14 leaves 6 weight buffers.)
+        return MoEConfig(16, bn1, 16, 128, 1, True, 4 if bn1 >= 32 else 2, 4, True, 128, 2, 14)
     if per_expert <= 32:   # decode: weight streaming, transposed tiles
         tiles = active * triton.cdiv(max(int(per_expert), 1), 16)
         # GEMM1 streams two weight tiles (gate, up) per stage: at most 64 rows each, so that four
@@ -603,18 +546,12 @@ def _fused_moe_direct(x, w13, w2, tw, ids, cfg: MoEConfig) -> torch.Tensor:
     k = ids.shape[1]
     n = T * k
     dev = x.device
-    KP = triton.next_power_of_2(k)
     c2 = torch.empty((n, I), dtype=x.dtype, device=dev)
-    args1 = (x, w13, ids, c2, k, H, I, x.stride(0), w13.stride(0), w13.stride(1), c2.stride(0), n)
-    out = torch.empty((T, H), dtype=x.dtype, device=dev)
-    args2 = (c2, w2, ids, tw, out, k, H, I, c2.stride(0), w2.stride(0), w2.stride(1), out.stride(0), T)
-    if cfg.tuned and _decode_gemm1_tuned is not None:
-        _decode_gemm1_tuned[lambda META: (n * triton.cdiv(I, META["BN"]),)](*args1)
-        _decode_gemm2_tuned[lambda META: (T * triton.cdiv(H, META["BN"]),)](*args2, KP=KP)
-        return out
     _decode_gemm1_kernel[(n * triton.cdiv(I, cfg.bn1),)](
-        *args1, BN=cfg.bn1, BK=cfg.bk, BT=cfg.block_m, num_warps=cfg.warps, num_stages=cfg.stages)
+        x, w13, ids, c2, k, H, I, x.stride(0), w13.stride(0), w13.stride(1), c2.stride(0),
+        BN=cfg.bn1, BK=cfg.bk, BT=cfg.block_m, num_warps=cfg.warps, num_stages=cfg.stages)
+    out = torch.empty((T, H), dtype=x.dtype, device=dev)
     _decode_gemm2_combine_kernel[(T * triton.cdiv(H, cfg.bn2),)](
-        *args2, BN=cfg.bn2, BK=cfg.bk2, BT=cfg.block_m, KP=KP, num_warps=cfg.warps2,
-        num_stages=cfg.stages2)
+        c2, w2, ids, tw, out, k, H, I, c2.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
+        BN=cfg.bn2, BK=cfg.bk2, BT=cfg.block_m, num_warps=cfg.warps2, num_stages=cfg.stages2)
     return out
