@@ -153,7 +153,7 @@ def time_events(call: Callable[[int], object], n_sets: int, flush: Callable[[], 
 def time_graph(call: Callable[[int], object], n_sets: int, warmup_ms: float = 200.0,
                min_samples: int = MIN_SAMPLES, max_samples: int = 100,
                target_ms: float = TARGET_MS, before_replay: Callable[[], None] | None = None,
-               after_replays: Callable[[object, list], None] | None = None) -> TimingStats:
+               after_replays: Callable[[object, list, int], None] | None = None) -> TimingStats:
     """CUDA-graph timing: one graph holds one call on each of ``n_sets`` input sets (rotating
     sets, together several times the L2, so replays do not hit a warm cache), repeated in
     :func:`graph_passes` passes for short calls; each replay is timed with events and divided
@@ -178,7 +178,7 @@ def time_graph(call: Callable[[int], object], n_sets: int, warmup_ms: float = 20
     graph = torch.cuda.CUDAGraph()
     keep = []
     with torch.cuda.graph(graph):
-        for _ in range(passes):  # earlier passes' outputs are dropped: their memory is reused
+        for _ in range(passes):  # only the last pass's outputs are kept (for the integrity checks)
             keep = [call(i) for i in range(n_sets)]
     graph.replay()
     torch.cuda.synchronize()
