@@ -6,7 +6,6 @@ bugs of each task fail.
 
 from __future__ import annotations
 
-import re
 
 import pytest
 import torch
@@ -113,12 +112,11 @@ def test_decode_unmasked_kv_loads_leak_nan(tmp_path):
 
 
 def test_cache_store_padding_written_to_slot_zero_fails(tmp_path):
-    # the expert's small-batch kernel (the smoke shapes) treats the padding slot -1 as valid,
-    # so a padding token's row lands in slot 0
+    # the expert's small-batch kernel (the smoke shapes) maps the padding slot -1 to 0 for the
+    # address and then stores it anyway: a padding token's row lands in slot 0
     bug = _variant("kv_cache_fp8_store", tmp_path,
-                   "valid = slot >= 0\n    slot = tl.where(valid, slot, 0).to(tl.int64)\n    if FLAT:  ",
-                   "valid = slot >= -1\n    slot = tl.where(valid, slot, 0).to(tl.int64)\n    if FLAT:  ",
+                   "slot = tl.where(valid, slot, 0).to(tl.int64)\n    if FLAT:  ",
+                   "slot = tl.where(valid, slot, 0).to(tl.int64)\n    valid = valid | (slot == 0)\n    if FLAT:  ",
                    base="expert")
     r = _evaluate("kv_cache_fp8_store", bug, ["smoke_t8_all_padding"]).candidate.results[0]
-    assert r.status.value == "incorrect", r.cause
-    assert re.search(r"state:(key|value)_cache:reference:exact", r.cause), r.cause
+    assert r.status.value == "incorrect" and "state:key_cache:reference:exact" in r.cause, r.cause
