@@ -50,14 +50,15 @@ def _calls(kernels: list[tuple[float, float, str]]) -> list[list[tuple[float, fl
     return calls
 
 
-def profile_one(task_id: str, workload_id: str, solution: str, n_calls: int) -> dict:
-    """Profile ``n_calls`` calls of one solution on one workload; returns the summary row.
+def profile_one(task, workload_id: str, solution: str, n_calls: int) -> dict:
+    """Profile ``n_calls`` calls of one solution on one workload of ``task`` (a loaded task);
+    returns the summary row.
 
     Raises:
         KeyError: unknown workload; FileNotFoundError: unknown solution; whatever the solution
         raises.
     """
-    task = load_task(task_id)
+    task_id = task.id
     wl = task.spec.workload(workload_id)
     ref = task.reference_module()
     mod = import_file(task.resolve_solution(solution, "cuda"), f"profiled_{task_id}_{solution}")
@@ -121,10 +122,11 @@ def main() -> None:
     rows = []
     for target in a.targets:
         task_id, _, wls = target.partition(":")
+        task = load_task(task_id)
         for wl in wls.split(","):
             for sol in a.solution or ["expert"]:
                 try:
-                    rows.append(profile_one(task_id, wl, sol, a.calls))
+                    rows.append(profile_one(task, wl, sol, a.calls))
                 except Exception as e:  # noqa: BLE001 - report and go on with the next target
                     rows.append({"task": task_id, "workload": wl, "solution": sol, "error": f"{type(e).__name__}: {e}"[:200]})
                 print(f"profiled {task_id} {wl} {sol}", file=sys.stderr, flush=True)

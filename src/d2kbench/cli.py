@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
-from typing import Optional
+from typing import NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -17,7 +17,7 @@ console = Console()
 
 
 
-def _refuse(e: Exception) -> None:
+def _refuse(e: Exception) -> NoReturn:
     """Print a bad-input error (a KeyError's message without the quotes ``str`` adds) and exit 2."""
     msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
     console.print(f"[red]{msg}[/red]", markup=True, highlight=False)

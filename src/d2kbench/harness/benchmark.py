@@ -21,7 +21,7 @@ from d2kbench.harness.evaluate import (
 )
 from d2kbench.harness.phases import PhaseClock, phase
 from d2kbench.harness.results import SolutionRun
-from d2kbench.scoring.sol import MEASURED, bound_of, gpu_key, sol_ms
+from d2kbench.scoring.sol import MEASURED, bound_class, gpu_key, sol_ms
 from d2kbench.scoring.speedup import geomean
 from d2kbench.tasks.formula import evaluate_formula
 from d2kbench.tasks.loader import Task
@@ -88,6 +88,7 @@ def rates_of(task: Task, solution: str, run: SolutionRun, workloads: list[Worklo
     plus the workload's bound, % of SOL and the multiple of the launch floor
     (``launch_floors``: ms per timing mode, from :func:`d2kbench.harness.launch_floor.launch_floor_ms`)."""
     name, counts = task.spec.sol.work_of(solution)
+    floor_counts = task.spec.sol.counts(task.spec.sol.floor)
     ceil = MEASURED.get(gpu_key(env.get("gpu")) or "")
     floors = launch_floors or {}
     out = []
@@ -99,12 +100,12 @@ def rates_of(task: Task, solution: str, run: SolutionRun, workloads: list[Worklo
         tflops = evaluate_formula(counts.tc_flops, wl.axes) / sec / 1e12
         tbps = evaluate_formula(counts.bytes, wl.axes) / sec / 1e12
         floor = floors.get(r.timing.mode)
+        sol = sol_ms(floor_counts, wl.axes, ceil) if ceil else None  # (ms, binding limit)
         out.append(Rate(workload=wl.id, work_model=name, mean_ms=r.timing.mean_ms, tflops=tflops, tbps=tbps,
                         pct_bf16_ceiling=100 * tflops / ceil.bf16_tflops if ceil else None,
                         pct_hbm_ceiling=100 * tbps / ceil.hbm_tbps if ceil else None,
-                        bound=bound_of(task.spec, wl, ceil, floor) if ceil else wl.bound,
-                        pct_sol=100 * sol_ms(task.spec.sol.counts(task.spec.sol.floor), wl.axes, ceil)[0] / r.timing.mean_ms
-                        if ceil else None,
+                        bound=wl.bound if wl.bound is not None or sol is None else bound_class(*sol, floor),
+                        pct_sol=100 * sol[0] / r.timing.mean_ms if sol else None,
                         x_launch_floor=r.timing.mean_ms / floor if floor else None))
     return out
 

@@ -31,7 +31,8 @@ TARGET_MS = 1500.0
 #: repeated, in order), like the launch floor's graph
 #: (:func:`d2kbench.harness.launch_floor.launch_floor_ms`), so that the replay's own fixed cost
 #: (the graph launch, several us on the H200) is spread over as many calls in both. Measured on
-#: the H200: a 1.3 us kernel (device time) timed at 5.8-11 us per call with 3 calls per replay.
+#: the H200: a 1.3 us kernel (device time) timed at 9.0-11.1 us per call with 3 calls per replay
+#: (results/h200/superseded/).
 MIN_GRAPH_CALLS = 64
 #: ... as long as the repeated passes hold at most this much work (ms, from the warm-up's host
 #: estimate of one call): longer calls amortise the replay's cost by themselves. Generous on

@@ -91,7 +91,12 @@ def bound_of(spec, workload, ceil: Ceilings, launch_floor_ms: float | None = Non
     """
     if workload.bound is not None:
         return workload.bound
-    ms, bind = sol_ms(spec.sol.counts(spec.sol.floor), workload.axes, ceil)
-    if launch_floor_ms is not None and ms < launch_floor_ms:
+    return bound_class(*sol_ms(spec.sol.counts(spec.sol.floor), workload.axes, ceil), launch_floor_ms)
+
+
+def bound_class(sol_time_ms: float, bind: str, launch_floor_ms: float | None = None) -> str:
+    """The class :func:`bound_of` gives a workload without a declared ``bound``, from its floor
+    model's SOL time and binding limit (as :func:`sol_ms` returns them)."""
+    if launch_floor_ms is not None and sol_time_ms < launch_floor_ms:
         return "latency"
     return "memory" if bind == "memory" else "compute"
