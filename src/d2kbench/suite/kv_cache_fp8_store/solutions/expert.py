@@ -61,8 +61,13 @@ L3 -- exact division at multiply cost.
     config); the prefill config uses 4-warp programs of 16 elements per thread per tensor
     (48 registers: 10 programs = 40 warps resident per SM, 64 B of loads in flight per
     thread, ~9.4 SASS instructions per element incl. per-program overhead, was ~20); the
-    decode config spreads a 256-token step over 128 one-warp programs (one per two tokens) so
-    the whole call is one DRAM round trip on 128 SMs.
+    decode config spreads a 256-token step over 64 two-warp programs (four tokens each, 8
+    elements per thread per tensor), so the whole call is one round trip of loads and one of
+    stores. Measured on the H200 with d2k bench (CUDA-graph timing, llama31_70b_tp8_decode_t256,
+    2026-11-29), in multiples of the launch floor: 1.75x for this config, 1.86x for 32
+    four-warp programs, 1.92x for 128 two-warp, 1.94x for 256 one-warp and 2.01x for 128
+    one-warp programs; the bare load-then-scatter skeleton of devtools/latency_skeletons.py
+    takes 1.90x (results/h200/profiles/latency_skeletons.md): the call is at its latency floor.
     Prefill (whole rows per program, row <= 2048) is autotuned on the first call, keyed on
     (T, row, page, flat, dtypes): 2048/4096-element tiles x 4/8 warps, one tile per program,
     or a persistent, software-pipelined variant (grid = #SMs x 4..8 programs, each walking
@@ -332,10 +337,10 @@ def _config(T: int, row: int) -> tuple[int, int, int]:
     interpreter, so that it checks the GPU's masking/tiling paths)."""
     row_p2 = triton.next_power_of_2(row)
     if T * row_p2 <= H200_SMS * 4096:
-        # latency class (a decode step): one-warp programs of 8 elements per thread per tensor,
-        # as many programs as possible up to ~one per SM, so the call is one DRAM round trip
-        tile = 256
-        warps = 1
+        # latency class (a decode step): two-warp programs of 8 elements per thread per tensor
+        # (the fastest of 1-4 warps x 128-1024 elements measured on the H200, module docstring)
+        tile = 512
+        warps = 2
     else:
         # bandwidth class: 4 warps x 16 elements per thread per tensor (two 16-byte bf16
         # loads per tensor, one 16-byte fp8 store): 2048 elements per tensor per program

@@ -1,0 +1,249 @@
+"""Measured lower bounds for latency-class workloads: the per-call time of design skeletons.
+
+Issue 8's latency bar is "within 3x of the launch floor" (a one-store, one-program Triton
+kernel in a CUDA graph). A real operator cannot be cheaper than the dependent memory steps its
+algorithm needs, whatever the arithmetic. This script times *skeletons*: kernels that do only
+those steps (loads, atomics, a barrier, stores) and no useful work, with the harness's own
+graph timer (:func:`d2kbench.harness.timing.time_graph`, >= 64 calls per replay, as the launch
+floor and the benchmark's graph-timed workloads). A skeleton's time is a floor for every design
+that contains its chain of steps; where it is already near or above 3x the launch floor, the
+bar is out of reach for that class of design, and the note can say so with a number.
+
+Skeletons (``n`` ids, ``E`` bins, ``P`` = one program per SM):
+
+* ``floor``: the launch floor itself (:func:`d2kbench.harness.launch_floor.launch_floor_ms`).
+* ``wide_store``: 128 one-warp programs, each storing 256 bytes (a wide grid, no loads).
+* ``load_store``: 128 one-warp programs; each loads an int64 slot and a 512-byte row, then
+  stores the row at the slot's address (a scatter: one load round trip before the store; the
+  kv-cache decode store's chain).
+* ``cta_atomic_rank``: one 8-warp program loads ``n`` int32 ids, takes a per-id
+  ``atomic_add`` on E counters (the returned old value is the rank), and stores each id at its
+  rank (the single-CTA align decode chain without the scan and the padding).
+* ``grid_barrier``: P programs each load ``n / P`` ids, histogram them, add the histogram to
+  global counts with one vector atomic, arrive at a counter and spin until all P programs have
+  arrived, then store their ids (a one-launch counting sort's chain without scan or sort).
+* ``two_launch``: P programs load ``n / P`` ids and store a histogram each, then a second
+  launch of P programs loads every program's histogram row and stores it (the shortest
+  two-launch chain with a dependency between the launches).
+
+Usage (repo root, a GPU)::
+
+    PYTHONPATH=src python3 devtools/latency_skeletons.py [--ids 2048 131072 ...] [--experts 256]
+        [--json FILE] [--markdown FILE]
+    PYTHONPATH=src python devtools/latency_skeletons.py --compile-only    # no GPU: sm_90 compile
+
+Diagnostic, not a benchmark: the inputs stay resident in the L2 between replays, as those of
+the benchmark's latency-class workloads do (their input sets are a few hundred KB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+#: Programs of the wide skeletons that stand for a decode-sized scatter (one per SM or fewer).
+WIDE_PROGRAMS = 128
+
+
+@triton.jit
+def _wide_store(out_ptr, ROW: tl.constexpr):
+    """Program p stores ROW int8 zeros at out[p * ROW]."""
+    offs = tl.program_id(0) * ROW + tl.arange(0, ROW)
+    tl.store(out_ptr + offs, tl.zeros([ROW], dtype=tl.int8))
+
+
+@triton.jit
+def _load_store(src_ptr, slot_ptr, dst_ptr, ROW: tl.constexpr):
+    """Program p loads slot[p] (int64) and the bf16 row src[p, :ROW], stores it at dst[slot[p]]."""
+    p = tl.program_id(0)
+    cols = tl.arange(0, ROW)
+    slot = tl.load(slot_ptr + p)
+    row = tl.load(src_ptr + p * ROW + cols)
+    tl.store(dst_ptr + slot * ROW + cols, row)
+
+
+@triton.jit
+def _cta_atomic_rank(ids_ptr, cnt_ptr, out_ptr, n, N_PAD: tl.constexpr, OUT_MASK: tl.constexpr):
+    """One program: rank_i = atomic_add(cnt[id_i], 1); out[rank_i & OUT_MASK] = i (the counters
+    grow across calls, the mask keeps the stores in the buffer)."""
+    offs = tl.arange(0, N_PAD)
+    m = offs < n
+    e = tl.load(ids_ptr + offs, mask=m, other=0)
+    rank = tl.atomic_add(cnt_ptr + e, 1, mask=m, sem="relaxed")
+    tl.store(out_ptr + (rank & OUT_MASK), offs, mask=m)
+
+
+@triton.jit
+def _grid_barrier(ids_ptr, cnt_ptr, arrive_ptr, out_ptr, n, CHUNK: tl.constexpr, E: tl.constexpr):
+    """P programs: histogram CHUNK ids, one vector atomic into cnt[E], arrive, spin until the
+    P programs of this call have arrived (a generation count: no reset between calls), store."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    offs = pid * CHUNK + tl.arange(0, CHUNK)
+    m = offs < n
+    e = tl.load(ids_ptr + offs, mask=m, other=0)
+    hist = tl.histogram(e, E, mask=m)
+    old = tl.atomic_add(cnt_ptr + tl.arange(0, E), hist, mask=hist > 0, sem="relaxed")
+    ticket = tl.atomic_add(arrive_ptr, 1, sem="acq_rel")
+    target = (ticket // nprog + 1) * nprog
+    cur = tl.load(arrive_ptr, volatile=True)
+    while cur < target:
+        cur = tl.load(arrive_ptr, volatile=True)
+    tl.store(out_ptr + offs, e + tl.sum(old, 0) * 0, mask=m)
+
+
+@triton.jit
+def _hist_rows(ids_ptr, rows_ptr, n, CHUNK: tl.constexpr, E: tl.constexpr):
+    """Program p stores the histogram of ids [p * CHUNK, +CHUNK) as rows[p, :E]."""
+    pid = tl.program_id(0)
+    offs = pid * CHUNK + tl.arange(0, CHUNK)
+    m = offs < n
+    hist = tl.histogram(tl.load(ids_ptr + offs, mask=m, other=0), E, mask=m)
+    tl.store(rows_ptr + pid * E + tl.arange(0, E), hist)
+
+
+@triton.jit
+def _read_rows(rows_ptr, out_ptr, E: tl.constexpr):
+    """Program p loads rows[p, :E] (written by the previous launch) and stores it to out."""
+    offs = tl.program_id(0) * E + tl.arange(0, E)
+    tl.store(out_ptr + offs, tl.load(rows_ptr + offs))
+
+
+def skeleton_calls(n: int, experts: int, device: str, sms: int) -> dict[str, tuple[str, object]]:
+    """The skeletons as ``name -> (what it stands for, call(i))`` on ``device`` buffers."""
+    e_pad = triton.next_power_of_2(experts)
+    n_pad = triton.next_power_of_2(n)
+    chunk = triton.next_power_of_2(triton.cdiv(n, sms))
+    progs = triton.cdiv(n, chunk)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    ids = torch.randint(0, experts, (n,), generator=g, dtype=torch.int32).to(device)
+    row = 128                                          # bf16 elements: 256 B, a Hkv x D = 128 row
+    src = torch.randn(WIDE_PROGRAMS, row, generator=g).to(torch.bfloat16).to(device)
+    slots = torch.randperm(4096, generator=g)[:WIDE_PROGRAMS].to(device)
+    dst = torch.empty(4096 * row, dtype=torch.bfloat16, device=device)
+    wide = torch.empty(WIDE_PROGRAMS * 256, dtype=torch.int8, device=device)
+    cnt = torch.zeros(e_pad, dtype=torch.int32, device=device)
+    arrive = torch.zeros(1, dtype=torch.int32, device=device)
+    out = torch.empty(max(n_pad, progs * chunk), dtype=torch.int32, device=device)
+    rows = torch.empty(progs * e_pad, dtype=torch.int32, device=device)
+    rows_out = torch.empty_like(rows)
+    calls = {
+        "wide_store": (f"{WIDE_PROGRAMS} one-warp programs store 256 B each",
+                       lambda i: _wide_store[(WIDE_PROGRAMS,)](wide, ROW=256, num_warps=1)),
+        "load_store": (f"{WIDE_PROGRAMS} one-warp programs: load slot + 256 B row, store at slot",
+                       lambda i: _load_store[(WIDE_PROGRAMS,)](src, slots, dst, ROW=row, num_warps=1)),
+        "two_launch": (f"{progs} programs x {chunk} ids: histogram rows; 2nd launch reads them",
+                       lambda i: (_hist_rows[(progs,)](ids, rows, n, CHUNK=chunk, E=e_pad, num_warps=8),
+                                  _read_rows[(progs,)](rows, rows_out, E=e_pad, num_warps=4))),
+        "grid_barrier": (f"{progs} programs x {chunk} ids: histogram, vector atomic, barrier, store",
+                         lambda i: _grid_barrier[(progs,)](ids, cnt, arrive, out, n, CHUNK=chunk, E=e_pad,
+                                                           num_warps=8)),
+    }
+    if n <= 8192:
+        calls["cta_atomic_rank"] = (f"1 program x {n} ids: per-id atomic rank, store at rank",
+                                    lambda i: _cta_atomic_rank[(1,)](ids, cnt, out, n, N_PAD=n_pad,
+                                                                     OUT_MASK=n_pad - 1, num_warps=8))
+    return calls
+
+
+def measure(ids_list: list[int], experts: int) -> dict:
+    """Graph-timed per-call median (ms) of every skeleton; GPU only.
+
+    Raises:
+        RuntimeError: no GPU.
+    """
+    from d2kbench.harness import timing
+    from d2kbench.harness.env import fingerprint
+    from d2kbench.harness.launch_floor import launch_floor_ms
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("the skeletons are timed on a GPU")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    floor = launch_floor_ms("graph")
+    rows = [{"n": None, "skeleton": "floor", "what": "1 program stores one float (the launch floor)",
+             "median_ms": floor, "mean_ms": floor}]
+    done: set[str] = set()
+    for n in ids_list:
+        for name, (what, call) in skeleton_calls(n, experts, "cuda", sms).items():
+            size_free = name in ("wide_store", "load_store")
+            if size_free and name in done:
+                continue
+            done.add(name)
+            st = timing.time_graph(call, 1, min_samples=20, target_ms=200.0)
+            rows.append({"n": None if size_free else n, "skeleton": name, "what": what,
+                         "median_ms": st.median_ms, "mean_ms": st.mean_ms,
+                         "calls_per_sample": st.calls_per_sample})
+    for r in rows:
+        r["x_floor"] = r["median_ms"] / floor
+    return {"environment": fingerprint("cuda"), "experts": experts,
+            "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "launch_floor_ms": floor, "rows": rows}
+
+
+def markdown(res: dict) -> str:
+    """The measurement as a markdown table (us per call and multiples of the launch floor)."""
+    env = res["environment"]
+    lines = [f"# Latency skeletons ({env.get('gpu')}, driver {env.get('driver')}, torch {env.get('torch')}, "
+             f"triton {env.get('triton')}, {res['time_utc']})", "",
+             "Written by `devtools/latency_skeletons.py`. Graph-timed per-call medians (the harness's "
+             "timer, >= 64 calls per replay). A skeleton does only its design's dependent memory steps; "
+             f"its time bounds every design with that chain from below. E = {res['experts']} bins.", "",
+             "| skeleton | n ids | what it does | us per call | x launch floor |", "|---|---|---|---|---|"]
+    for r in res["rows"]:
+        lines.append(f"| {r['skeleton']} | {r['n'] if r['n'] is not None else '-'} | {r['what']} | "
+                     f"{r['median_ms'] * 1e3:.2f} | {r['x_floor']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def compile_only(ids_list: list[int], experts: int) -> int:
+    """Compile every skeleton for sm_90 without a GPU (devtools/compile_sm90.py's stand-in
+    driver); returns the number of failed compiles."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import compile_sm90 as c  # noqa: PLC0415 - pops TRITON_INTERPRET, patches nothing yet
+    from triton.runtime import driver
+    from triton.runtime.jit import JITFunction
+
+    driver.set_active(c.FakeDriver())
+    JITFunction.run = c._patched_run
+    for n in ids_list:
+        for name, (_, call) in skeleton_calls(n, experts, "cpu", c.H200_SMS).items():
+            c.LAUNCHES.clear()
+            call(0)
+            for rec in c.LAUNCHES:
+                status = rec.get("error") or "ok, " + ", ".join(
+                    f"{k} {v}" for k, v in c._resources(rec["compiled"]).items() if k in ("reg", "shared", "stack"))
+                print(f"n={n} {name}: {rec['kernel']} grid {rec['grid']}: {status[:400]}")
+    return sum(1 for rec in c.LAUNCHES if "error" in rec)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ids", type=int, nargs="+", default=[2048, 131072, 262144])
+    ap.add_argument("--experts", type=int, default=256)
+    ap.add_argument("--json")
+    ap.add_argument("--markdown")
+    ap.add_argument("--compile-only", action="store_true")
+    a = ap.parse_args()
+    if a.compile_only:
+        return 1 if compile_only(a.ids, a.experts) else 0
+    res = measure(a.ids, a.experts)
+    text = markdown(res)
+    print(text)
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1))
+    if a.markdown:
+        Path(a.markdown).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
