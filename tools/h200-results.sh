@@ -8,6 +8,7 @@
 #   part muon:  d2k bench of expert and straightforward vs the reference with the bars
 #               of the Muon expert issue             -> muon_newton_schulz.*
 #   part evil:  the evil-solution suite on the GPU      -> evil.*
+#   part evil_graph: its CUDA-graph cases only (graph_probe/*) -> evil_graph.*
 #   part tasks: d2k bench of every other task: expert, straightforward and the task's GPU
 #               alternatives (alt:NAME) vs the reference on all registered workloads, with the
 #               bars of issue 8 (expert >= straightforward, the bound-class bar, prefill expert
@@ -34,6 +35,8 @@ for part in "$@"; do
         > /tmp/muon_bench.log 2>&1; echo "bench rc=$?"; tail -n 5 /tmp/muon_bench.log; cat "$OUT/muon_newton_schulz.md" ;;
     evil)
       timeout 200 python3 -m d2kbench.cli evil --device cuda --jobs 6 --json "$OUT/evil.json" --markdown "$OUT/evil.md" > /tmp/evil.log 2>&1; echo "evil rc=$?"; tail -n 60 "$OUT/evil.md" ;;
+    evil_graph)
+      timeout 120 python3 -m d2kbench.cli evil --device cuda -k graph_probe --json "$OUT/evil_graph.json" --markdown "$OUT/evil_graph.md" > /tmp/evil_graph.log 2>&1; echo "evil_graph rc=$?"; tail -n 8 "$OUT/evil_graph.md" ;;
     tasks)
       mkdir -p "$OUT/tasks"
       for t in ${TASKS:-gqa_flash_prefill paged_decode_gqa kv_cache_fp8_store moe_align_block_size fused_moe_bf16 per_token_group_quant_fp8}; do

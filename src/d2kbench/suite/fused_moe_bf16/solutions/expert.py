@@ -49,9 +49,14 @@ L3 -- per-regime tiles, swap_ab at decode.
     sharing an expert, e.g. batch 1): every row tile of the sorted order would hold one
     assignment, so sorting buys no weight reuse and its worst-case grids are >90 % empty
     programs.  There the layer is two launches and nothing else: GEMM1 per (assignment,
-    column tile) straight from topk_ids (each selected expert's gate/up weights stream once),
-    then GEMM2 per (token, 16 output columns) looping over the token's k experts in a fixed
-    order with the routing weights applied in FP32: the combine is fused, deterministically.
+    column tile) straight from topk_ids (each selected expert's gate/up weights stream once,
+    transposed tensor-core tiles), then GEMM2 with the combine fused: one program per (token,
+    8 output columns) loads those columns' weight rows of all k experts as one tile (a GEMV
+    on CUDA cores, all k experts' loads in flight at once) and sums the routing-weighted dot
+    products in FP32 with fixed-shape reductions (deterministic). GEMM2 is a programmatic
+    dependent launch (PDL, sm_90): GEMM1 lets it start as soon as all GEMM1 programs run,
+    and it loads its first weight tile before waiting for GEMM1's results, so its start
+    overlaps GEMM1's tail.
 """
 
 from __future__ import annotations
@@ -305,11 +310,15 @@ def _combine_kernel(c3_ptr, out_ptr, H, stride_c3, stride_out, TOPK: tl.constexp
 @triton.jit
 def _decode_gemm1_kernel(x_ptr, w13_ptr, ids_ptr, c2_ptr, top_k, H, I,
                          stride_xt, stride_we, stride_wn, stride_c2,
-                         BN: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr):
+                         BN: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, PDL: tl.constexpr):
     """Decode (about one token per expert): c2[a, i] = silu(w13[e, i] . x[t]) * (w13[e, I + i] . x[t])
     for assignment a = t k + j, e = topk_ids[a], and BN columns i. One program per (assignment,
     column tile): no sort, no padding tiles, no empty programs. Transposed MMA (weights in M,
-    the single token in a BT-wide N of which only column 0 is loaded)."""
+    the single token in a BT-wide N of which only column 0 is loaded). PDL: lets the next launch
+    (GEMM2, which reads only weights before its grid-dependency wait) start as soon as every
+    program of this one has started."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     num_n = tl.cdiv(I, BN)
     a = pid // num_n
@@ -341,54 +350,51 @@ def _decode_gemm1_kernel(x_ptr, w13_ptr, ids_ptr, c2_ptr, top_k, H, I,
 
 
 @triton.jit
-def _decode_gemm2_combine_kernel(c2_ptr, w2_ptr, ids_ptr, tw_ptr, out_ptr, top_k, H, I,
+def _decode_gemv2_combine_kernel(c2_ptr, w2_ptr, ids_ptr, tw_ptr, out_ptr, top_k, H, I,
                                  stride_c2, stride_we, stride_wn, stride_out,
-                                 BN: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr):
-    """Decode: out[t, h] = sum_j topk_weight[t, j] * (w2[e_j, h] . c2[t k + j]) for BN columns h,
-    j = 0 .. k-1 in a fixed order (deterministic, FP32), so no combine launch. The k experts'
-    K loops are flattened into one software-pipelined loop; each expert's FP32 partial is
-    weighted and added at the end of its K range. One iteration covers 2 BK of K as two
-    independent accumulators (the K halves): with only 16 weight rows per program, the
-    m16n8k16 MMAs of one accumulator form a dependent chain, and two chains halve the MMA
-    latency per streamed byte."""
+                                 KP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr):
+    """Decode GEMM2 + combine on CUDA cores (one token: a GEMV per expert):
+    out[t, h] = sum_j topk_weight[t, j] * (w2[e_j, h] . c2[t k + j]) for BN columns h, with the
+    weight rows of all k experts in ONE [KP, BN, BK] tile (KP = k rounded up to a power of two,
+    rows j >= k masked), so that a program has every expert's loads in flight instead of
+    walking the experts one after the other. Each K step requests the next step's weight tile
+    before its own FMAs (one tile ahead: Triton's pipeliner does not stage loads that feed no
+    tl.dot) and accumulates w * c2 elementwise in FP32; after the K loop the tile is reduced
+    over K, scaled by the routing weights and reduced over j. Both reductions have a fixed
+    shape, hence a fixed order: deterministic. PDL: the first weight tile (weights, ids and
+    routing weights only, which GEMM1 does not write) is loaded before the grid-dependency
+    wait, the c2 activations after it, so this launch overlaps GEMM1's tail."""
     pid = tl.program_id(0)
     num_n = tl.cdiv(H, BN)
     t = pid // num_n
     pid_n = pid % num_n
+    rj = tl.arange(0, KP)
+    jm = rj < top_k
+    a = t * top_k + rj
+    e = tl.load(ids_ptr + a, mask=jm, other=0).to(tl.int64)
+    wt = tl.load(tw_ptr + a, mask=jm, other=0.0)
     rn = pid_n * BN + tl.arange(0, BN)
     nmask = rn < H
     rk = tl.arange(0, BK)
-    col0 = tl.arange(0, BT) == 0
-    w_rows = rn[:, None].to(tl.int64) * stride_wn + rk[None, :]
-    a_cols = rk[:, None] + tl.zeros((1, BT), dtype=tl.int32)
-    kt = tl.cdiv(I, 2 * BK)
-    acc_lo = tl.zeros((BN, BT), dtype=tl.float32)
-    acc_hi = tl.zeros((BN, BT), dtype=tl.float32)
-    out_acc = tl.zeros((BN, BT), dtype=tl.float32)
-    base = t * top_k
-    for it in range(0, top_k * kt):
-        j = it // kt
-        kb = it - j * kt
-        kk = kb * (2 * BK)
-        a = base + j
-        e = tl.load(ids_ptr + a).to(tl.int64)
-        kin_lo = (kk + rk) < I
-        kin_hi = (kk + BK + rk) < I
-        w_p = w2_ptr + e * stride_we + kk + w_rows
-        a_p = c2_ptr + a.to(tl.int64) * stride_c2 + kk + a_cols
-        w_lo = tl.load(w_p, mask=nmask[:, None] & kin_lo[None, :], other=0.0)
-        w_hi = tl.load(w_p + BK, mask=nmask[:, None] & kin_hi[None, :], other=0.0)
-        at_lo = tl.load(a_p, mask=kin_lo[:, None] & col0[None, :], other=0.0)
-        at_hi = tl.load(a_p + BK, mask=kin_hi[:, None] & col0[None, :], other=0.0)
-        acc_lo = tl.dot(w_lo, at_lo, acc_lo)
-        acc_hi = tl.dot(w_hi, at_hi, acc_hi)
-        last = kb == kt - 1
-        wj = tl.load(tw_ptr + a)
-        out_acc += (acc_lo + acc_hi) * tl.where(last, wj, 0.0)
-        acc_lo = tl.where(last, 0.0, acc_lo)
-        acc_hi = tl.where(last, 0.0, acc_hi)
-    o_ptrs = out_ptr + t.to(tl.int64) * stride_out + rn[:, None] + tl.zeros((1, BT), dtype=tl.int32)
-    tl.store(o_ptrs, out_acc.to(out_ptr.dtype.element_ty), mask=nmask[:, None] & col0[None, :])
+    w_ptrs = (w2_ptr + e[:, None, None] * stride_we + rn[None, :, None].to(tl.int64) * stride_wn
+              + rk[None, None, :])
+    c_ptrs = c2_ptr + a[:, None].to(tl.int64) * stride_c2 + rk[None, :]
+    rowm = jm[:, None, None] & nmask[None, :, None]
+    acc = tl.zeros((KP, BN, BK), dtype=tl.float32)
+    w = tl.load(w_ptrs, mask=rowm & (rk < I)[None, None, :], other=0.0)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    for k0 in range(0, I, BK):
+        kin = (k0 + rk) < I
+        c = tl.load(c_ptrs, mask=jm[:, None] & kin[None, :], other=0.0)
+        w_ptrs += BK
+        w_next = tl.load(w_ptrs, mask=rowm & ((k0 + BK + rk) < I)[None, None, :], other=0.0)
+        acc += w.to(tl.float32) * c.to(tl.float32)[:, None, :]
+        w = w_next
+        c_ptrs += BK
+    y = tl.sum(acc, axis=2) * wt[:, None]
+    o = tl.sum(y, axis=0)
+    tl.store(out_ptr + t.to(tl.int64) * stride_out + rn, o.to(out_ptr.dtype.element_ty), mask=nmask)
 
 
 @dataclass(frozen=True)
@@ -396,9 +402,10 @@ class MoEConfig:
     """Tile configuration of one call (chosen from the shapes only, never from the data).
 
     ``direct``: the decode path (no sort): GEMM1 tiles are (assignment, bn1 columns) with
-    ``warps``/``stages``; the GEMM2+combine tiles are (token, bn2 columns) with ``bk2``,
-    ``warps2``, ``stages2``; block_m is the MMA's token width there (one valid
-    column), group_m is unused."""
+    ``bk``, ``warps``, ``stages``, block_m being the MMA's token width there (one valid
+    column); the GEMM2+combine tiles are (token, bn2 columns of every one of its k experts)
+    with ``bk2``, ``warps2``, ``stages2``; ``pdl``: GEMM2 is a programmatic dependent launch
+    (sm_90+, outside the interpreter). group_m and swap are unused there."""
 
     block_m: int
     bn1: int
@@ -412,6 +419,7 @@ class MoEConfig:
     bk2: int = 0
     warps2: int = 0
     stages2: int = 0
+    pdl: bool = False
 
 
 def _pick_bn(active_tiles: float, n_cols: int, sms: int, choices=(128, 64, 32, 16)) -> int:
@@ -433,7 +441,7 @@ def config_for(T: int, H: int, I: int, E: int, k: int, sms: int) -> MoEConfig:
     direct = n <= 256 and per_expert <= 1.1
     if _INTERPRET:
         if direct:
-            return MoEConfig(16, 16, 16, 32, 1, True, 1, 1, True, 16, 1, 1)
+            return MoEConfig(16, 16, 4, 32, 1, True, 1, 1, True, 32, 1, 1, pdl=True)
         if per_expert <= 32:
             return MoEConfig(16, 16, 16, 32, 1, True, 1, 1)
         return MoEConfig(32, 32, 32, 32, 2, False, 1, 1)
@@ -441,11 +449,15 @@ def config_for(T: int, H: int, I: int, E: int, k: int, sms: int) -> MoEConfig:
         # GEMM1: enough (assignment, column-tile) programs for >= 2 per SM. 16-row weight tiles
         # use 2 warps (4 warps would each re-read the whole 16-row MMA operand from shared memory).
         bn1 = _pick_bn(n, I, sms, (64, 32, 16))
-        # GEMM2 + combine: one program per (token, 16 output columns) loops over the token's k
-        # experts; few programs (H / 16 per token), so long K steps (2 x bk2 = 256) and a deep
-        # pipeline keep ~40 KB of weights in flight per SM. (The expert id feeding the weight
-        # address is itself a pipelined load: num_stages 14 leaves 6 weight buffers.)
-        return MoEConfig(16, bn1, 16, 128, 1, True, 4 if bn1 >= 32 else 2, 4, True, 128, 2, 14)
+        # GEMM2 + combine: (token, 8 output columns) programs of 8 warps, each K step a
+        # [k, 8, 256] weight tile (32 KB at k = 8) plus the one requested ahead; Qwen3-30B-A3B
+        # batch 1: 256 programs, 125 registers, all resident at once. Measured on the H200
+        # (graph-timed, 64 calls per replay): the former tensor-core GEMM2 walking the 8
+        # experts in turn 27.0 us per layer (GEMM2 12.5 us of it); this GEMV 25.0 us (4
+        # columns x 4 warps 26.6, 16 x 8 26.7, 8 x 4 with 128-deep steps 25.0); with PDL
+        # 22.5 us. Not kept: two tiles ahead instead of one (26.6 us with PDL), a CUDA-core
+        # GEMV1 (slower alone, 26.4 us vs 25.0; equal with PDL).
+        return MoEConfig(16, bn1, 8, 128, 1, True, 4 if bn1 >= 32 else 2, 4, True, 256, 8, 1, pdl=True)
     if per_expert <= 32:   # decode: weight streaming, transposed tiles
         tiles = active * triton.cdiv(max(int(per_expert), 1), 16)
         # GEMM1 streams two weight tiles (gate, up) per stage: at most 64 rows each, so that four
@@ -537,9 +549,17 @@ def fused_moe(x, w13, w2, topk_weights, topk_ids, cfg: MoEConfig) -> torch.Tenso
     return out
 
 
+def _pdl_ok(device: torch.device) -> bool:
+    """Programmatic dependent launch (griddepcontrol) needs sm_90+; never in the interpreter."""
+    return not _INTERPRET and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def _fused_moe_direct(x, w13, w2, tw, ids, cfg: MoEConfig) -> torch.Tensor:
     """Decode path: GEMM1 per (assignment, column tile) into c2 [T k, I] (assignment order), then
-    GEMM2 with the weighted k-sum per (token, column tile) straight into out. Two launches."""
+    GEMM2 with the weighted k-sum per (token, column tile) straight into out. Two launches;
+    with ``pdl`` the second is a programmatic dependent launch: before its grid-dependency
+    wait it reads only w2, topk_ids and topk_weights (never written by GEMM1, and complete
+    before GEMM1 started), after it c2; out is written after the wait."""
     T, H = x.shape
     E, I2, _ = w13.shape
     I = I2 // 2
@@ -547,11 +567,14 @@ def _fused_moe_direct(x, w13, w2, tw, ids, cfg: MoEConfig) -> torch.Tensor:
     n = T * k
     dev = x.device
     c2 = torch.empty((n, I), dtype=x.dtype, device=dev)
+    pdl = cfg.pdl and _pdl_ok(dev)
+    launch = {"launch_pdl": True} if pdl else {}
     _decode_gemm1_kernel[(n * triton.cdiv(I, cfg.bn1),)](
         x, w13, ids, c2, k, H, I, x.stride(0), w13.stride(0), w13.stride(1), c2.stride(0),
-        BN=cfg.bn1, BK=cfg.bk, BT=cfg.block_m, num_warps=cfg.warps, num_stages=cfg.stages)
+        BN=cfg.bn1, BK=cfg.bk, BT=cfg.block_m, PDL=pdl, num_warps=cfg.warps, num_stages=cfg.stages)
     out = torch.empty((T, H), dtype=x.dtype, device=dev)
-    _decode_gemm2_combine_kernel[(T * triton.cdiv(H, cfg.bn2),)](
+    _decode_gemv2_combine_kernel[(T * triton.cdiv(H, cfg.bn2),)](
         c2, w2, ids, tw, out, k, H, I, c2.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
-        BN=cfg.bn2, BK=cfg.bk2, BT=cfg.block_m, num_warps=cfg.warps2, num_stages=cfg.stages2)
+        KP=triton.next_power_of_2(k), BN=cfg.bn2, BK=cfg.bk2, PDL=pdl,
+        num_warps=cfg.warps2, num_stages=cfg.stages2, **launch)
     return out
