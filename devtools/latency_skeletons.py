@@ -214,15 +214,17 @@ def compile_only(ids_list: list[int], experts: int) -> int:
 
     driver.set_active(c.FakeDriver())
     JITFunction.run = c._patched_run
+    failed = 0
     for n in ids_list:
         for name, (_, call) in skeleton_calls(n, experts, "cpu", c.H200_SMS).items():
             c.LAUNCHES.clear()
             call(0)
             for rec in c.LAUNCHES:
+                failed += "error" in rec
                 status = rec.get("error") or "ok, " + ", ".join(
                     f"{k} {v}" for k, v in c._resources(rec["compiled"]).items() if k in ("reg", "shared", "stack"))
                 print(f"n={n} {name}: {rec['kernel']} grid {rec['grid']}: {status[:400]}")
-    return sum(1 for rec in c.LAUNCHES if "error" in rec)
+    return failed
 
 
 def main() -> int:

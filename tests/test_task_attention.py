@@ -6,7 +6,6 @@ bugs of each task fail.
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 

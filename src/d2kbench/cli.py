@@ -16,7 +16,6 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 console = Console()
 
 
-
 def _refuse(e: Exception) -> NoReturn:
     """Print a bad-input error (a KeyError's message without the quotes ``str`` adds) and exit 2."""
     msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
@@ -31,6 +30,7 @@ def _warn_slow_on_cpu(task, device: str, workloads) -> None:
         console.print(f"[yellow]note: {', '.join(big)} {'is' if len(big) == 1 else 'are'} GPU-sized; on the CPU "
                       "(Triton interpreter) expect minutes to hours per workload. The smoke workloads are the "
                       "CPU's default.[/yellow]", highlight=False)
+
 
 def _task(task_id: str):
     from d2kbench.tasks import TaskFileError, load_task

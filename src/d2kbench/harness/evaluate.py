@@ -121,7 +121,6 @@ class _Expected:
                 _settle(args)
         return self._oracle[key]
 
-
     def precompute(self) -> None:
         """Compute now everything the checks of this call will ask for: the reference's outputs
         and states, and the FP64-oracle slices of every ``against: oracle`` tolerance."""

@@ -217,19 +217,19 @@ def profile_replay(replay: Callable[[], None]) -> list[KernelRecord]:
     return [k for k in kernels if lo <= k.start_ns <= hi]
 
 
-def compare_graph(replay_kernels: list[KernelRecord], eager_counts: dict[str, float], n_sets: int,
+def compare_graph(replay_kernels: list[KernelRecord], eager_counts: dict[str, float], calls: int,
                   triton_names: set[str]) -> list[tuple[str, str]]:
-    """``graph_kernel_mismatch`` when a replay of ``n_sets`` captured calls (every pass over the
-    input sets counts) launches a Triton kernel of the solution fewer than ``n_sets x`` (its
+    """``graph_kernel_mismatch`` when a replay of ``calls`` captured calls (every pass over the
+    input sets counts) launches a Triton kernel of the solution fewer than ``calls x`` (its
     minimum count per eager call) times."""
     got: dict[str, int] = {}
     for k in replay_kernels:
         if kernel_class(k.name, k.kind, triton_names) == "triton":
             got[k.name] = got.get(k.name, 0) + 1
-    missing = [f"{name}: {got.get(name, 0)} in the graph vs {n_sets} x {per:g} eager"
-               for name, per in sorted(eager_counts.items()) if got.get(name, 0) < n_sets * per]
+    missing = [f"{name}: {got.get(name, 0)} in the graph vs {calls} x {per:g} eager"
+               for name, per in sorted(eager_counts.items()) if got.get(name, 0) < calls * per]
     if not got:
-        return [("graph_kernel_mismatch", f"the captured graph ({n_sets} calls) launches none of the solution's "
+        return [("graph_kernel_mismatch", f"the captured graph ({calls} calls) launches none of the solution's "
                                           f"Triton kernels ({len(replay_kernels)} kernels in a replay)")]
     if missing:
         return [("graph_kernel_mismatch", "the captured graph launches fewer Triton kernels than eager calls: "

@@ -479,8 +479,8 @@ class Guard:
             t = float_args[k].view(-1)
             t[rng.randrange(t.numel())] = rng.choice((-1.0, 1.0)) * scales[k] * rng.uniform(0.5, 2.0)
 
-        def after_replays(graph, keep, calls: int | None = None) -> None:
-            payload: dict = {"calls": calls or len(sets)}
+        def after_replays(graph, keep, calls: int) -> None:
+            payload: dict = {"calls": calls}
             if self.device == "cuda" and not self.trusted:
                 payload["replay_kernels"] = gpu.profile_replay(graph.replay)
             torch.cuda.synchronize()

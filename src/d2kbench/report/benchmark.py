@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 
 from d2kbench.harness.benchmark import BenchmarkResult
-from d2kbench.report.evaluation import _fmt, overhead_line
+from d2kbench.report.evaluation import fmt_opt, overhead_line
 
 _BAR = re.compile(r"^\s*([\w.:\-/]+)\s*/\s*([\w.:\-/]+)\s*>=\s*([0-9.]+)\s*$")
 
@@ -138,8 +138,8 @@ def to_markdown(bench: BenchmarkResult, bars: list[Bar] = (), bound_bars: list[B
     for s in sols:
         for r in bench.rates.get(s, []):
             lines.append(f"| {s} | {r.workload} | {r.bound or '-'} | {r.work_model} | {r.mean_ms:.4f} | {r.tflops:.1f} | "
-                         f"{_fmt(r.pct_bf16_ceiling, '.1f')} | {r.tbps:.3f} | {_fmt(r.pct_hbm_ceiling, '.1f')} | "
-                         f"{_fmt(r.pct_sol, '.1f')} | {_fmt(r.x_launch_floor, '.2f')} |")
+                         f"{fmt_opt(r.pct_bf16_ceiling, '.1f')} | {r.tbps:.3f} | {fmt_opt(r.pct_hbm_ceiling, '.1f')} | "
+                         f"{fmt_opt(r.pct_sol, '.1f')} | {fmt_opt(r.x_launch_floor, '.2f')} |")
     if bars or bound_bars:
         lines += ["", "## Bars", "", "| bar | workload | measured | result |", "|---|---|---|---|"]
         for bar in bars:
@@ -148,7 +148,7 @@ def to_markdown(bench: BenchmarkResult, bars: list[Bar] = (), bound_bars: list[B
                              f"{'-' if s is None else f'{s:.3f}x'} | {'PASS' if ok else 'FAIL'} |")
         for bb in bound_bars:
             for w, bound, text, v, ok in bb.check(bench):
-                lines.append(f"| {bb.solution}: {bound}-bound, {text} | {w} | {_fmt(v, '.2f')} | {'PASS' if ok else 'FAIL'} |")
+                lines.append(f"| {bb.solution}: {bound}-bound, {text} | {w} | {fmt_opt(v, '.2f')} | {'PASS' if ok else 'FAIL'} |")
     failed = [(s, r.workload, r.status.value, r.cause) for run in bench.runs for s in [run.solution]
               for r in run.results if r.status.failed]
     if failed:

@@ -9,7 +9,8 @@ from d2kbench.scoring.speedup import geomean
 COLUMNS = ("workload", "status", "error / tol", "latency ms", "baseline ms", "speedup", "% SOL", "cause")
 
 
-def _fmt(v: float | None, spec: str) -> str:
+def fmt_opt(v: float | None, spec: str) -> str:
+    """``v`` formatted with ``spec``, or "-" where there is no value (no GPU ceiling, a failed run)."""
     return "-" if v is None else format(v, spec)
 
 
@@ -32,10 +33,10 @@ def rows(ev: Evaluation) -> list[dict[str, str]]:
             "workload": r.workload + (" (correctness)" if r.correctness_only else ""),
             "status": r.status.value,
             "error / tol": err,
-            "latency ms": _fmt(lat, ".4f"),
-            "baseline ms": _fmt(blat, ".4f"),
-            "speedup": _fmt(s.speedup if s else None, ".3f"),
-            "% SOL": _fmt(s.pct_sol if s else None, ".1f") + (" (below floor!)" if s and s.below_floor else ""),
+            "latency ms": fmt_opt(lat, ".4f"),
+            "baseline ms": fmt_opt(blat, ".4f"),
+            "speedup": fmt_opt(s.speedup if s else None, ".3f"),
+            "% SOL": fmt_opt(s.pct_sol if s else None, ".1f") + (" (below floor!)" if s and s.below_floor else ""),
             "cause": cause[:160],
         })
     return out
