@@ -100,6 +100,20 @@ def test_latency_bar_uses_the_launch_floor(muon):
         assert row[1:3] == ("latency", "x launch floor <= 3") and row[3] == pytest.approx(ms / 0.005) and row[4] is ok
 
 
+def test_report_names_late_event_starts(muon):
+    from d2kbench.harness.results import WorkloadResult
+    from d2kbench.harness.timing import summarize
+
+    wl = "paper_8x7168x18432"
+    env = {"gpu": "NVIDIA H200"}
+    held = summarize([1.0] * 12, "events", l2_flush=True, hold_us=90.0, late_starts=0)
+    late = summarize([1.0] * 12, "events", l2_flush=True, hold_us=180.0, late_starts=3)
+    clean = to_markdown(_bench_of(muon, "expert", [WorkloadResult(workload=wl, status=Status.OK, timing=held)], env, {}))
+    assert "late starts" not in clean and "CUDA events with an L2 flush, host kept ahead" in clean
+    page = to_markdown(_bench_of(muon, "expert", [WorkloadResult(workload=wl, status=Status.OK, timing=late)], env, {}))
+    assert f"expert on {wl}: 3 of 12" in page
+
+
 def test_launch_floor_needs_a_gpu_and_a_gpu_timing_mode():
     import torch
 
@@ -109,7 +123,7 @@ def test_launch_floor_needs_a_gpu_and_a_gpu_timing_mode():
         with pytest.raises(ValueError, match="no launch floor"):
             launch_floor_ms("cpu")
         graph, events = launch_floor_ms("graph"), launch_floor_ms("events")
-        assert 1e-4 < graph < events < 0.2  # ms: a graph replay amortises the host launch cost
+        assert 1e-4 < graph < events < 0.2  # ms: a graph replay amortises each launch's GPU-side cost
     else:
         with pytest.raises(RuntimeError, match="measured on a GPU"):
             launch_floor_ms("graph")

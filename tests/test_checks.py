@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from d2kbench.harness import checks
-from d2kbench.harness.timing import MIN_GRAPH_CALLS, graph_passes, sample_count, summarize, time_cpu
+from d2kbench.harness.timing import (HOLD_MAX_US, HOLD_MIN_US, MIN_GRAPH_CALLS, graph_passes, hold_us_for,
+                                     sample_count, summarize, time_cpu)
 from d2kbench.tasks.schema import Tolerance
 
 
@@ -110,6 +111,13 @@ def test_graph_passes_fill_short_replays_like_the_launch_floor():
     assert graph_passes(3, 7.0) == 1  # long calls: one pass, they amortise the replay by themselves
     assert graph_passes(256, 0.01) == 1  # many input sets are many calls already
     assert graph_passes(64, 0.0) == 1 and graph_passes(2, float("nan")) == 1  # no estimate: one pass
+
+
+def test_events_hold_covers_the_host_queuing_time():
+    assert hold_us_for(30.0) == 90.0  # 3x the host's time to queue a timed call
+    assert hold_us_for(5.0) == HOLD_MIN_US == 50.0  # never shorter than 50 us
+    assert hold_us_for(20_000.0) == HOLD_MAX_US  # a call that waits for the GPU: capped
+    assert hold_us_for(float("nan")) == HOLD_MAX_US and hold_us_for(float("inf")) == HOLD_MAX_US
 
 
 def test_sample_count_clamps():

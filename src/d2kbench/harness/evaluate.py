@@ -366,6 +366,8 @@ def run_workload(handles: dict[str, WorkerHandle], task: Task, reference, worklo
         for role in active():
             seeds = [secret_seed() for _ in range(256 if mode == "graph" else 2)]
             extra = guards[role].time_request_extra() if role in guards else {}
+            if device == "cuda":  # the parent's cached blocks (reference, oracle) back to the driver: the
+                torch.cuda.empty_cache()  # worker's timing loop needs the memory (measured: an OOM without)
             try:
                 with phase("timing_request"):
                     reply = handles[role].request({"op": "time", "workload": workload.id, "seeds": seeds, "mode": mode,

@@ -7,7 +7,9 @@ harness's own timers (:mod:`d2kbench.harness.timing`) and the workload's timing 
 
 * ``graph``: one CUDA graph holds ``calls`` launches of a one-program kernel that stores one
   value; a replay is timed with events and divided by ``calls`` (per-launch cost inside a graph);
-* ``events``: one launch between two events (host launch latency included).
+* ``events``: one launch between two events, timed like every events-mode call (the host kept
+  ahead of the GPU with spin kernels, ``timing.PRIME_US``, so the host's launch latency is not
+  in the window).
 
 GPU only (the trusted parent runs it; no solution code is involved).
 """

@@ -73,6 +73,8 @@ class TimingStats(BaseModel):
     input_sets: int = 1
     warmup_calls: int = 0
     l2_flush: bool = False
+    hold_us: float | None = None    # events mode: per-sample GPU spin (us) in force at the end (timing.PRIME_US)
+    late_starts: int | None = None  # events mode: samples whose start event fired before the call was queued
 
 
 class WorkloadResult(BaseModel):

@@ -2,8 +2,9 @@
 
 Three timers, all called with ``call(i)`` that runs the solution on input set ``i``:
 
-* :func:`time_events` - CUDA events around each call with an L2 flush before it. For calls
-  long enough (>~100 us) that launch overhead does not dominate.
+* :func:`time_events` - CUDA events around each call with an L2 flush before it; the host is kept
+  ahead of the GPU (a spin kernel where needed), so that the host's launch time stays out of
+  the window. For calls long enough (>~100 us) that launch overhead does not dominate.
 * :func:`time_graph` - many calls on rotating input sets captured in one CUDA graph (at least
   :data:`MIN_GRAPH_CALLS` for short calls); each replay is timed with events and divided by the
   calls it holds. For short calls.
@@ -15,6 +16,7 @@ Warm-up (compilation, autotuning) always runs before and is excluded.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import Callable
@@ -41,6 +43,26 @@ MIN_GRAPH_CALLS = 64
 #: 2 ms bound: 24 vs 42 calls for two ~2 us kernels), and with them different shares of the
 #: replay's fixed cost.
 GRAPH_REPEAT_MS = 20.0
+#: Events timing keeps the host ahead of the GPU, so that an event window never opens before
+#: the host has launched the call (a window that does holds host launch time: DESIGN.md section 4,
+#: a ~1 us kernel read 14 us with bare events). The warm-up ends with the GPU idle, so before the
+#: first sample the GPU runs a spin kernel (``torch.cuda._sleep``) of ``HOLD_FACTOR`` x the host
+#: time of one call (measured on an idle GPU), clamped to [``PRIME_US``, ``PRIME_MAX_US``]: the
+#: host starts ahead and, for calls longer than their host time, stays ahead. A sample whose
+#: start event had already fired when the host finished queuing it is a "late start"; two in a
+#: row mean the host is behind for good (calls shorter than their host time), and every later
+#: sample then starts with a spin of ``HOLD_FACTOR`` x the host queuing time (clamped to
+#: [``HOLD_MIN_US``, ``HOLD_MAX_US``]; doubled after two more in a row). The count is reported
+#: (``late_starts``). Calls longer than their host time must not get a per-sample spin: on the
+#: H200 a fixed 0.85 ms spin before every sample of a 0.7 ms attention kernel lowered its mean by
+#: 5.5-6.6% (power and clock headroom from the idle GPU) while without it only the first sample
+#: of 200 started late (results/h200/profiles/events_hold_ab.md), and a 5 ms spin switched on by
+#: one late start lowered a 16 ms Muon call by 7% (results/h200/superseded/README.md).
+PRIME_US = 2000.0
+PRIME_MAX_US = 100_000.0
+HOLD_FACTOR = 3.0
+HOLD_MIN_US = 50.0
+HOLD_MAX_US = 5000.0
 
 
 def summarize(samples_ms: list[float], mode: str, **extra) -> TimingStats:
@@ -128,12 +150,51 @@ def graph_passes(n_sets: int, est_ms: float, min_calls: int = MIN_GRAPH_CALLS,
     return max(1, min(want, fit))
 
 
+@functools.lru_cache(maxsize=1)
+def _sleep_cycles_per_us() -> float:
+    """GPU clock cycles per microsecond of ``torch.cuda._sleep`` (spin kernel), measured once."""
+    import torch
+
+    torch.cuda._sleep(1000)
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    cycles = 2_000_000
+    s.record()
+    torch.cuda._sleep(cycles)
+    e.record()
+    e.synchronize()
+    return cycles / max(1e-3, s.elapsed_time(e) * 1e3)
+
+
+def _hold(us: float) -> None:
+    """Queue a spin kernel of about ``us`` microseconds on the current stream (no host wait)."""
+    import torch
+
+    torch.cuda._sleep(max(1, int(us * _sleep_cycles_per_us())))
+
+
+def hold_us_for(host_us: float, factor: float = HOLD_FACTOR, lo: float = HOLD_MIN_US,
+                hi: float = HOLD_MAX_US) -> float:
+    """The GPU hold (us) before a timed call whose host queuing takes ``host_us`` (us):
+    ``factor * host_us`` clamped to ``[lo, hi]`` (a non-finite host time gives ``hi``)."""
+    if not math.isfinite(host_us):
+        return hi
+    return float(min(hi, max(lo, factor * host_us)))
+
+
 def time_events(call: Callable[[int], object], n_sets: int, flush: Callable[[], None],
                 warmup_ms: float = 100.0, min_samples: int = MIN_SAMPLES,
-                max_samples: int = MAX_SAMPLES, target_ms: float = TARGET_MS) -> TimingStats:
+                max_samples: int = MAX_SAMPLES, target_ms: float = TARGET_MS,
+                hold_us: float | None = None) -> TimingStats:
     """CUDA-event timing of single calls with an L2 flush (``flush()``) before each.
 
-    The flush and the input rotation sit outside the events; only ``call`` is timed.
+    The flush, any GPU spin and the input rotation sit outside the events; only ``call`` is
+    timed. ``hold_us``: None (default) keeps the host ahead as :data:`PRIME_US` describes (a
+    spin before the first sample; a per-sample spin only after two late starts in a row); 0
+    times without any spin (windows may then include host launch time); > 0 spins that long
+    before every sample (a diagnostic: devtools/events_hold_ab.py). The stats record the per-sample spin in
+    force at the end (``hold_us``, 0 when none was needed) and the count of samples whose start
+    event fired before the host had queued the call (``late_starts``: their windows may include
+    host time).
     """
     import torch
 
@@ -141,14 +202,35 @@ def time_events(call: Callable[[int], object], n_sets: int, flush: Callable[[], 
     n = sample_count(est, min_samples, max_samples, target_ms)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    adaptive = hold_us is None
+    hold = 0.0 if adaptive else float(hold_us)
+    if adaptive:  # the host time of one call on the idle GPU (untimed), then the prime
+        t0 = time.perf_counter()
+        call(0)
+        host_us = (time.perf_counter() - t0) * 1e6
+        torch.cuda.synchronize()
+        _hold(hold_us_for(host_us, lo=PRIME_US, hi=PRIME_MAX_US))
+    late = run = 0
     for i in range(n):
         flush()
+        if hold > 0:
+            _hold(hold)
+        t0 = time.perf_counter()
         starts[i].record()
         call(i % n_sets)
         ends[i].record()
+        if not starts[i].query():  # the host queued the call before the GPU reached the start event
+            run = 0
+            continue
+        late += 1
+        run += 1
+        if adaptive and run == 2:  # two in a row: the host is behind for good
+            hold = min(HOLD_MAX_US, 2 * hold) if hold > 0 else hold_us_for((time.perf_counter() - t0) * 1e6)
+            run = 0
     torch.cuda.synchronize()
     samples = [s.elapsed_time(e) for s, e in zip(starts, ends)]
-    return summarize(samples, "events", input_sets=n_sets, warmup_calls=warm, l2_flush=True)
+    return summarize(samples, "events", input_sets=n_sets, warmup_calls=warm, l2_flush=True,
+                     hold_us=hold, late_starts=late)
 
 
 def time_graph(call: Callable[[int], object], n_sets: int, warmup_ms: float = 200.0,

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 
 from d2kbench.harness.benchmark import BenchmarkResult
-from d2kbench.report.evaluation import fmt_opt, overhead_line
+from d2kbench.report.evaluation import fmt_opt, late_starts_line, overhead_line
 
 _BAR = re.compile(r"^\s*([\w.:\-/]+)\s*/\s*([\w.:\-/]+)\s*>=\s*([0-9.]+)\s*$")
 
@@ -111,10 +111,13 @@ def to_markdown(bench: BenchmarkResult, bars: list[Bar] = (), bound_bars: list[B
         lines.append(f"- **clocks**: SM {smi.get('clocks.sm')} MHz at start, {after.get('clocks.sm', '?')} MHz at end "
                      f"(max {smi.get('clocks.max.sm')}); power limit {smi.get('power.limit')} W")
     modes = sorted({r.timing.mode for run in bench.runs for r in run.results if r.timing})
-    how = {"events": "CUDA events with an L2 flush", "graph": "CUDA-graph replays", "cpu": "host timer (CPU)"}
+    how = {"events": "CUDA events with an L2 flush, host kept ahead", "graph": "CUDA-graph replays",
+           "cpu": "host timer (CPU)"}
     lines += [f"- **run**: id {bench.id}; solutions interleaved per workload on the same inputs; "
               f"{', '.join(how.get(m, m) for m in modes)}; per-call mean",
               f"- **harness**: {overhead_line(bench.wall_s, bench.timed_s, bench.phases_s)}", ""]
+    late = late_starts_line(bench.runs)
+    lines += [late, ""] if late else []
     lines += _alternative_lines(bench)
     workloads = [r.workload for r in bench.runs[0].results]
     lines += ["## Mean latency (ms) and status", "", "| workload | " + " | ".join(sols) + " |",

@@ -66,6 +66,18 @@ def overhead_line(wall_s: float, timed_s: float, phases_s: dict[str, float], top
             + (f" ({biggest})" if biggest else ""))
 
 
+def late_starts_line(runs) -> str | None:
+    """A markdown bullet naming the events-mode results with late starts (samples whose window
+    opened before the host had queued the call, so they may include host time; see
+    ``d2kbench.harness.timing.PRIME_US``), or None when there are none. ``runs``: SolutionRuns."""
+    late = [f"{run.solution} on {r.workload}: {r.timing.late_starts} of {r.timing.n}" for run in runs
+            for r in run.results if r.timing and r.timing.late_starts]
+    if not late:
+        return None
+    return ("- **late starts** (events samples whose window opened before the call was queued, so they may "
+            "include host time): " + "; ".join(late))
+
+
 def repeatability(evs: list[Evaluation]) -> list[dict]:
     """Per workload: the candidate's mean latency in each evaluation and the spread
     (max/min - 1, in %), plus each evaluation's harness overhead (wall - timed, s)."""
@@ -96,6 +108,8 @@ def to_markdown(evs: list[Evaluation], title: str) -> str:
         lines += ["| " + " | ".join(r[c].replace("|", "/") for c in COLUMNS) + " |" for r in rows(ev)]
         lines += ["", summary(ev),
                   f"Harness: {overhead_line(ev.wall_s, ev.timed_s, ev.phases_s)}.", ""]
+        late = late_starts_line([r for r in (ev.candidate, ev.baseline) if r is not None])
+        lines += [late, ""] if late else []
     if len(evs) > 1:
         lines += ["## Repeatability", "", "| workload | mean ms per evaluation | spread % |", "|---|---|---|"]
         lines += [f"| {r['workload']} | {', '.join(f'{m:.4f}' for m in r['means_ms'])} | {r['spread_pct']:.2f} |"

@@ -44,7 +44,9 @@ L2 -- dataflow.
     K/V tiles at the same time, one HBM read per group, the others hit L2).
 
 L3 -- Hopper mapping.
-    ``BLOCK_M = 128`` rows with 8 warps (two warpgroups of 64 rows, the wgmma M granularity).
+    ``BLOCK_M = 256`` rows with 16 warps or 128 rows with 8 warps (warpgroups of 64 rows, the wgmma
+    M granularity; at D = 128 with GQA packing, 256 rows are 64 positions of a 4-head group, and
+    each K/V tile brought on chip feeds twice the MMA work of a 128-row tile).
     ``tl.dot`` with fp32 accumulation lowers to wgmma; the K/V loads are software-pipelined (kernel
     ``num_stages = 2``, deeper buffering only through ``tl.range(num_stages=LOOP_STAGES)`` on the
     key loop: kernel-wide ``num_stages >= 3`` makes ptxas serialise every wgmma). Scalar base
@@ -94,10 +96,14 @@ def _configs() -> list[triton.Config]:
 #: d2k bench with each candidate alone (mean ms, s2048 / s8192 / s32768 workloads):
 #: (128, 64, 8, 3, 1, 1) 0.707 / 4.772 / 4.449; (128, 128, 8, 3, 1, 0) 0.747 / 4.678 / 4.336;
 #: (64, 64, 4, 3, 0, 0), two CTAs per SM, 0.734 / 5.085 / 4.541 (dropped: never the best).
-#: sm_90 (ptxas): (128, 64, ...) 128 KB shared memory, ~180 registers, no spills;
-#: (128, 128, ...) 224 KB, 255 registers, no spills except 24 B of stack at Hkv = 1 (the int
-#: argument specialised to 1; llama31_70b_tp8, where it is still the faster of the two).
-_D128_CONFIGS = {(128, 64, 8, 3, 1, 1), (128, 128, 8, 3, 1, 0)}
+#: Then (256, 64, 16, 3, 1, 1) alone against that two-entry list, interleaved in one d2k bench
+#: (results/h200/tuning/prefill_m256.md): 0.656 / 4.611 / 4.361 vs 0.697 / 4.680 / 4.350, so it
+#: replaced (128, 64, ...). (A lazy-rescaling variant -- rescale only when a row max grows by
+#: more than 8 in log2 units -- was slower, 0.761 / 5.067 / 4.633, and less accurate: dropped.)
+#: sm_90 (ptxas): (256, 64, ...) 160 KB shared memory, 128 registers (the cap at 512 threads),
+#: 24 B of stack; (128, 128, ...) 224 KB, 255 registers, no spills except 24 B of stack at
+#: Hkv = 1 (the int argument specialised to 1; llama31_70b_tp8, where it is still as fast).
+_D128_CONFIGS = {(256, 64, 16, 3, 1, 1), (128, 128, 8, 3, 1, 0)}
 #: D = 256: 192 KB, 255 registers, no spills on the registered shapes (16 B of stack when
 #: S % 64 != 0, the correctness-only ragged workload). d2k bench on qwen3_next_80b_s16384:
 #: 3.90 ms; packed twin 3.93; two loops unpacked 4.19; (128, 32, 8, 3, 1, 1) 4.63.
