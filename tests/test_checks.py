@@ -120,6 +120,61 @@ def test_events_hold_covers_the_host_queuing_time():
     assert hold_us_for(float("nan")) == HOLD_MAX_US and hold_us_for(float("inf")) == HOLD_MAX_US
 
 
+def _fake_cuda(monkeypatch, late):
+    """A CPU stand-in for the CUDA calls of ``time_events``: ``late(i)`` says whether the start
+    event of sample ``i`` has fired when the host queries it; returns the spins queued (us)."""
+    from d2kbench.harness import timing
+
+    spins: list[float] = []
+
+    class Event:
+        made = 0
+
+        def __init__(self, enable_timing=False):
+            self.index, Event.made = Event.made, Event.made + 1
+
+        def record(self):
+            pass
+
+        def query(self):
+            return late(self.index)
+
+        def elapsed_time(self, end):
+            return 1.0
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: spins.append(float(cycles)))
+    monkeypatch.setattr(timing, "_sleep_cycles_per_us", lambda: 1.0)  # cycles == us
+    return spins
+
+
+@pytest.mark.parametrize("pattern, late_starts, per_sample_spins", [
+    ("first", 1, 0),   # one late start (the first sample): no per-sample spin
+    ("alternate", 10, 0),  # never two in a row: the host keeps up
+    ("all", 20, 18),   # two in a row: the host is behind, samples 2..19 start with a spin
+])
+def test_events_timer_spins_only_when_the_host_stays_behind(monkeypatch, pattern, late_starts, per_sample_spins):
+    from d2kbench.harness.timing import PRIME_US, time_events
+
+    late = {"first": lambda i: i == 0, "alternate": lambda i: i % 2 == 0, "all": lambda i: True}[pattern]
+    spins = _fake_cuda(monkeypatch, late)
+    stats = time_events(lambda i: None, 1, flush=lambda: None, warmup_ms=0.0, min_samples=20, max_samples=20)
+    assert stats.n == 20 and stats.late_starts == late_starts
+    assert spins[0] == PRIME_US  # the first spin, before the first sample (a fast host: the 2 ms minimum)
+    assert len(spins) - 1 == per_sample_spins
+    assert (stats.hold_us > 0) == (per_sample_spins > 0)
+
+
+def test_events_timer_without_spin_counts_late_starts_only(monkeypatch):
+    from d2kbench.harness.timing import time_events
+
+    spins = _fake_cuda(monkeypatch, lambda i: True)
+    stats = time_events(lambda i: None, 1, flush=lambda: None, warmup_ms=0.0, min_samples=12, max_samples=12,
+                        hold_us=0)
+    assert spins == [] and stats.late_starts == 12 and stats.hold_us == 0
+
+
 def test_sample_count_clamps():
     assert sample_count(100.0) == 15  # 1500 ms target / 100 ms
     assert sample_count(1000.0) == 10  # at least 10
