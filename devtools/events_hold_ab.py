@@ -28,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from d2kbench.harness.benchmark import benchmark  # noqa: E402
 from d2kbench.harness.evaluate import Options  # noqa: E402
+from d2kbench.report.evaluation import fmt_opt as f  # noqa: E402
 from d2kbench.tasks.loader import load_task  # noqa: E402
 
 
@@ -65,9 +66,6 @@ def ab_rows(task_id: str, workloads: list[str], solutions: list[str], baseline: 
 
 def to_markdown(rows: list[dict], env: dict) -> str:
     """The rows as a table, with the environment in the header."""
-    def f(v, fmt):
-        return "-" if v is None else format(v, fmt)
-
     head = [f"# Events timer with and without a GPU spin before the samples ({env.get('gpu')}, driver {env.get('driver')}, "
             f"torch {env.get('torch')}, triton {env.get('triton')}, {env.get('time_utc')})", "",
             "Each round runs the benchmark once per timer, in the order shown (devtools/events_hold_ab.py). "

@@ -21,7 +21,7 @@ from d2kbench.harness.evaluate import (
 )
 from d2kbench.harness.phases import PhaseClock, phase
 from d2kbench.harness.results import SolutionRun
-from d2kbench.scoring.sol import MEASURED, bound_class, gpu_key, sol_ms
+from d2kbench.scoring.sol import MEASURED, bound_of, gpu_key, sol_ms
 from d2kbench.scoring.speedup import geomean
 from d2kbench.tasks.formula import evaluate_formula
 from d2kbench.tasks.loader import Task
@@ -104,7 +104,7 @@ def rates_of(task: Task, solution: str, run: SolutionRun, workloads: list[Worklo
         out.append(Rate(workload=wl.id, work_model=name, mean_ms=r.timing.mean_ms, tflops=tflops, tbps=tbps,
                         pct_bf16_ceiling=100 * tflops / ceil.bf16_tflops if ceil else None,
                         pct_hbm_ceiling=100 * tbps / ceil.hbm_tbps if ceil else None,
-                        bound=wl.bound if wl.bound is not None or sol is None else bound_class(*sol, floor),
+                        bound=bound_of(task.spec, wl, ceil, floor, sol) if sol else wl.bound,
                         pct_sol=100 * sol[0] / r.timing.mean_ms if sol else None,
                         x_launch_floor=r.timing.mean_ms / floor if floor else None))
     return out

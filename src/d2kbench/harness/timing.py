@@ -191,10 +191,10 @@ def time_events(call: Callable[[int], object], n_sets: int, flush: Callable[[], 
     timed. ``hold_us``: None (default) keeps the host ahead as :data:`PRIME_US` describes (a
     spin before the first sample; a per-sample spin only after two late starts in a row); 0
     times without any spin (windows may then include host launch time); > 0 spins that long
-    before every sample (a diagnostic: devtools/events_hold_ab.py). The stats record the per-sample spin in
-    force at the end (``hold_us``, 0 when none was needed) and the count of samples whose start
-    event fired before the host had queued the call (``late_starts``: their windows may include
-    host time).
+    before every sample (a diagnostic: devtools/events_hold_ab.py). The stats record the
+    per-sample spin in force at the end (``hold_us``, 0 when none was needed) and the count of
+    samples whose start event fired before the host had queued the call (``late_starts``: their
+    windows may include host time).
     """
     import torch
 

@@ -80,7 +80,8 @@ def sol_ms(counts: WorkCounts, axes: dict, ceil: Ceilings) -> tuple[float, str]:
     return terms[bind] * 1e3, bind
 
 
-def bound_of(spec, workload, ceil: Ceilings, launch_floor_ms: float | None = None) -> str:
+def bound_of(spec, workload, ceil: Ceilings, launch_floor_ms: float | None = None,
+             sol: tuple[float, str] | None = None) -> str:
     """``compute``, ``memory`` or ``latency``: what limits ``workload`` of task ``spec``.
 
     The workload's declared ``bound`` if any. Otherwise the largest term of the roofline of the
@@ -88,15 +89,12 @@ def bound_of(spec, workload, ceil: Ceilings, launch_floor_ms: float | None = Non
     FLOPs -> ``compute``, bytes -> ``memory``, and ``latency`` when that SOL time is below
     ``launch_floor_ms`` (the measured cost of launching anything; see
     :mod:`d2kbench.harness.launch_floor`), i.e. no kernel can come close to the roofline.
+    ``sol``: that floor model's (SOL ms, binding limit) on ``ceil`` where the caller has it
+    (:func:`sol_ms`); computed here otherwise.
     """
     if workload.bound is not None:
         return workload.bound
-    return bound_class(*sol_ms(spec.sol.counts(spec.sol.floor), workload.axes, ceil), launch_floor_ms)
-
-
-def bound_class(sol_time_ms: float, bind: str, launch_floor_ms: float | None = None) -> str:
-    """The class :func:`bound_of` gives a workload without a declared ``bound``, from its floor
-    model's SOL time and binding limit (as :func:`sol_ms` returns them)."""
-    if launch_floor_ms is not None and sol_time_ms < launch_floor_ms:
+    ms, bind = sol or sol_ms(spec.sol.counts(spec.sol.floor), workload.axes, ceil)
+    if launch_floor_ms is not None and ms < launch_floor_ms:
         return "latency"
     return "memory" if bind == "memory" else "compute"
