@@ -50,7 +50,7 @@ from triton.runtime import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from d2kbench.harness.inputs import make_args  # noqa: E402
+from d2kbench.checking.inputs import make_args  # noqa: E402
 from d2kbench.tasks import load_task  # noqa: E402
 from d2kbench.tasks.loader import import_file, list_tasks  # noqa: E402
 

@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from d2kbench.harness.benchmark import benchmark  # noqa: E402
 from d2kbench.harness.evaluate import Options  # noqa: E402
-from d2kbench.report.evaluation import fmt_opt as f  # noqa: E402
+from d2kbench.harness.summary import fmt_opt as f  # noqa: E402
 from d2kbench.tasks.loader import load_task  # noqa: E402
 
 

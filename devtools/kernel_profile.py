@@ -32,7 +32,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from d2kbench.harness.inputs import make_args  # noqa: E402
+from d2kbench.checking.inputs import make_args  # noqa: E402
 from d2kbench.scoring.sol import MEASURED, gpu_key, sol_ms  # noqa: E402
 from d2kbench.tasks.loader import import_file, load_task  # noqa: E402
 

@@ -1,6 +1,6 @@
 """Measured lower bounds for latency-class workloads: the per-call time of design skeletons.
 
-Issue 8's latency bar is "within 3x of the launch floor" (a one-store, one-program Triton
+The latency bar (docs/timing.md) is "within 3x of the launch floor" (a one-store, one-program Triton
 kernel in a CUDA graph). A real operator cannot be cheaper than the dependent memory steps its
 algorithm needs, whatever the arithmetic. This script times *skeletons*: kernels that do only
 those steps (loads, atomics, a barrier, stores) and no useful work, with the harness's own
@@ -26,10 +26,23 @@ Skeletons (``n`` ids, ``E`` bins, ``P`` = one program per SM):
   launch of P programs loads every program's histogram row and stores it (the shortest
   two-launch chain with a dependency between the launches).
 
+Serial chunk chains of the recurrent tasks (:data:`CHAINS`, one row per registered workload,
+``--chains``; their bar is "within 1.5x of a measured skeleton of the design's dependent
+steps"): each program carries an fp32 state tile through ``steps`` chunk steps and does only
+what one step of the design's state pass must do on it, on operand tiles that stay in L2 (no
+stores until the final state):
+
+* ``gdn_state_chain`` (gated_deltanet_chunk_prefill): per chunk load W (64 x K), U (64 x BV) and
+  K (64 x K) bf16, ``V' = U - W S``, ``S = g S + K^T V'`` (two dependent bf16 MMAs and a decay);
+  programs = sequences x value heads x V / BV, steps = chunks of 64 of the longest sequence.
+* ``ssd_state_chain`` (mamba2_ssd_chunk_scan): per chunk load x (Q x P) and B (Q x BN) bf16,
+  scale x, ``S = a S + x^T B`` (one MMA and a fused multiply-add); programs = sequences x heads x
+  DS / BN, steps = chunks of Q of the longest sequence.
+
 Usage (repo root, a GPU)::
 
     PYTHONPATH=src python3 devtools/latency_skeletons.py [--ids 2048 131072 ...] [--experts 256]
-        [--json FILE] [--markdown FILE]
+        [--chains] [--json FILE] [--markdown FILE]
     PYTHONPATH=src python devtools/latency_skeletons.py --compile-only    # no GPU: sm_90 compile
 
 Diagnostic, not a benchmark: the inputs stay resident in the L2 between replays, as those of
@@ -118,6 +131,88 @@ def _read_rows(rows_ptr, out_ptr, E: tl.constexpr):
     tl.store(out_ptr + offs, tl.load(rows_ptr + offs))
 
 
+@triton.jit
+def _gdn_chain(w_ptr, u_ptr, k_ptr, out_ptr, steps, K: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+               TILES: tl.constexpr):
+    """Gated DeltaNet state pass without its stores: per step V' = U - W S, S = 0.99 S + K^T V'."""
+    pid = tl.program_id(0)
+    rk = tl.arange(0, K)
+    rt = tl.arange(0, BT)
+    cv = tl.arange(0, BV)
+    S = tl.zeros([K, BV], dtype=tl.float32)
+    for c in range(steps):
+        j = (pid + c) % TILES
+        w = tl.load(w_ptr + j * BT * K + rt[:, None] * K + rk[None, :])
+        u = tl.load(u_ptr + j * BT * BV + rt[:, None] * BV + cv[None, :])
+        kk = tl.load(k_ptr + j * BT * K + rt[:, None] * K + rk[None, :])
+        vn = u.to(tl.float32) - tl.dot(w, S.to(tl.bfloat16))
+        S = S * 0.99 + tl.dot(tl.trans(kk), vn.to(tl.bfloat16))
+    tl.store(out_ptr + pid * K * BV + rk[:, None] * BV + cv[None, :], S)
+
+
+@triton.jit
+def _ssd_chain(x_ptr, b_ptr, out_ptr, steps, P: tl.constexpr, BN: tl.constexpr, Q: tl.constexpr,
+               TILES: tl.constexpr):
+    """Mamba2 SSD state pass without its stores: per step S = 0.99 S + (0.5 x)^T B."""
+    pid = tl.program_id(0)
+    rp = tl.arange(0, P)
+    rq = tl.arange(0, Q)
+    cn = tl.arange(0, BN)
+    S = tl.zeros([P, BN], dtype=tl.float32)
+    for c in range(steps):
+        j = (pid + c) % TILES
+        x = tl.load(x_ptr + j * Q * P + rq[:, None] * P + rp[None, :])
+        b = tl.load(b_ptr + j * Q * BN + rq[:, None] * BN + cn[None, :])
+        xs = (x.to(tl.float32) * 0.5).to(tl.bfloat16)
+        S = S * 0.99 + tl.dot(tl.trans(xs), b)
+    tl.store(out_ptr + pid * P * BN + rp[:, None] * BN + cn[None, :], S)
+
+
+#: Serial chains per registered workload of the recurrent tasks: (task workload, kind, steps,
+#: programs, tile width, chunk). Programs and tile widths are the experts' (state_block() of the
+#: Gated DeltaNet expert: BV 32 below 264 programs at 64; the SSD expert: 64 state columns);
+#: for the random-length batches the steps are the expected longest of 16 random cuts of 32768
+#: tokens (32768 H_16 / 16, about 6900 tokens).
+CHAINS = [
+    ("gated_deltanet_chunk_prefill/qwen3_next_80b_tp1_t16384", "gdn", 256, 1 * 32 * 4, 32, 64),
+    ("gated_deltanet_chunk_prefill/qwen3_next_80b_tp1_varlen16", "gdn", 108, 16 * 32 * 2, 64, 64),
+    ("gated_deltanet_chunk_prefill/qwen3_next_80b_tp2_4x8192", "gdn", 128, 4 * 16 * 4, 32, 64),
+    ("mamba2_ssd_chunk_scan/mamba2_2p7b_t32768", "ssd", 128, 1 * 80 * 2, 64, 256),
+    ("mamba2_ssd_chunk_scan/codestral_mamba_7b_8x4096", "ssd", 16, 8 * 128 * 2, 64, 256),
+    ("mamba2_ssd_chunk_scan/nemotron3_super_varlen16", "ssd", 54, 16 * 128 * 2, 64, 128),
+]
+#: Operand tiles each chain cycles through (L2-resident, like a chunk's W / U / K or x / B rows).
+CHAIN_TILES = 16
+
+
+def chain_calls(device: str) -> dict[str, tuple[str, object]]:
+    """The serial-chain skeletons of :data:`CHAINS` as ``name -> (what it stands for, call(i))``."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    calls = {}
+    for wid, kind, steps, programs, width, chunk in CHAINS:
+        if kind == "gdn":
+            K = 128
+            w = torch.randn(CHAIN_TILES * chunk * K, generator=g).to(torch.bfloat16).to(device) * 0.01
+            u = torch.randn(CHAIN_TILES * chunk * width, generator=g).to(torch.bfloat16).to(device)
+            k = torch.randn(CHAIN_TILES * chunk * K, generator=g).to(torch.bfloat16).to(device) * 0.01
+            out = torch.empty(programs * K * width, dtype=torch.float32, device=device)
+            call = (lambda i, w=w, u=u, k=k, out=out, steps=steps, programs=programs, width=width, chunk=chunk:  # noqa: E731 - loop values bound as defaults
+                    _gdn_chain[(programs,)](w, u, k, out, steps, K=128, BV=width, BT=chunk, TILES=CHAIN_TILES,
+                                            num_warps=4, num_stages=2))
+            what = f"{programs} programs x {steps} chunk steps: V' = U - W S, S = g S + K^T V' (K 128, BV {width})"
+        else:
+            P = 64
+            x = torch.randn(CHAIN_TILES * chunk * P, generator=g).to(torch.bfloat16).to(device)
+            b = torch.randn(CHAIN_TILES * chunk * width, generator=g).to(torch.bfloat16).to(device) * 0.01
+            out = torch.empty(programs * P * width, dtype=torch.float32, device=device)
+            call = (lambda i, x=x, b=b, out=out, steps=steps, programs=programs, width=width, chunk=chunk:  # noqa: E731 - loop values bound as defaults
+                    _ssd_chain[(programs,)](x, b, out, steps, P=64, BN=width, Q=chunk, TILES=CHAIN_TILES,
+                                            num_warps=8, num_stages=2))
+            what = f"{programs} programs x {steps} chunk steps: S = a S + x^T B (P 64, Q {chunk}, BN {width})"
+        calls[f"{kind}_state_chain:{wid}"] = (what, call)
+    return calls
+
+
 def skeleton_calls(n: int, experts: int, device: str, sms: int) -> dict[str, tuple[str, object]]:
     """The skeletons as ``name -> (what it stands for, call(i))`` on ``device`` buffers."""
     e_pad = triton.next_power_of_2(experts)
@@ -155,7 +250,7 @@ def skeleton_calls(n: int, experts: int, device: str, sms: int) -> dict[str, tup
     return calls
 
 
-def measure(ids_list: list[int], experts: int) -> dict:
+def measure(ids_list: list[int], experts: int, chains: bool = False) -> dict:
     """Graph-timed per-call median (ms) of every skeleton; GPU only.
 
     Raises:
@@ -182,6 +277,10 @@ def measure(ids_list: list[int], experts: int) -> dict:
             rows.append({"n": None if size_free else n, "skeleton": name, "what": what,
                          "median_ms": st.median_ms, "mean_ms": st.mean_ms,
                          "calls_per_sample": st.calls_per_sample})
+    for name, (what, call) in (chain_calls("cuda").items() if chains else []):
+        st = timing.time_graph(call, 1, min_samples=20, target_ms=200.0)
+        rows.append({"n": None, "skeleton": name, "what": what, "median_ms": st.median_ms, "mean_ms": st.mean_ms,
+                     "calls_per_sample": st.calls_per_sample})
     for r in rows:
         r["x_floor"] = r["median_ms"] / floor
     return {"environment": fingerprint("cuda"), "experts": experts,
@@ -204,7 +303,7 @@ def markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def compile_only(ids_list: list[int], experts: int) -> int:
+def compile_only(ids_list: list[int], experts: int, chains: bool = False) -> int:
     """Compile every skeleton for sm_90 without a GPU (devtools/compile_sm90.py's stand-in
     driver); returns the number of failed compiles."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -215,8 +314,11 @@ def compile_only(ids_list: list[int], experts: int) -> int:
     driver.set_active(c.FakeDriver())
     JITFunction.run = c._patched_run
     failed = 0
-    for n in ids_list:
-        for name, (_, call) in skeleton_calls(n, experts, "cpu", c.H200_SMS).items():
+    groups = [(n, skeleton_calls(n, experts, "cpu", c.H200_SMS)) for n in ids_list]
+    if chains:
+        groups.append(("-", chain_calls("cpu")))
+    for n, calls in groups:
+        for name, (_, call) in calls.items():
             c.LAUNCHES.clear()
             call(0)
             for rec in c.LAUNCHES:
@@ -233,11 +335,12 @@ def main() -> int:
     ap.add_argument("--experts", type=int, default=256)
     ap.add_argument("--json")
     ap.add_argument("--markdown")
+    ap.add_argument("--chains", action="store_true", help="also the recurrent tasks' serial chunk chains")
     ap.add_argument("--compile-only", action="store_true")
     a = ap.parse_args()
     if a.compile_only:
-        return 1 if compile_only(a.ids, a.experts) else 0
-    res = measure(a.ids, a.experts)
+        return 1 if compile_only(a.ids, a.experts, a.chains) else 0
+    res = measure(a.ids, a.experts, a.chains)
     text = markdown(res)
     print(text)
     if a.json:

@@ -32,8 +32,10 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from d2kbench.suite.muon_newton_schulz import reference  # noqa: E402
-from d2kbench.suite.muon_newton_schulz.solutions import expert  # noqa: E402
-from d2kbench.suite.muon_newton_schulz.solutions import straightforward  # noqa: E402
+from d2kbench.suite.muon_newton_schulz.solutions import (
+    expert,  # noqa: E402
+    straightforward,  # noqa: E402
+)
 
 WORKLOADS = [(32, 2048, 5464), (32, 4096, 11008), (8, 7168, 18432)]
 T0 = time.time()
@@ -323,7 +325,8 @@ def main():
     log("\n=== end-to-end (median of interleaved calls; TFLOP/s on each impl's own FLOPs) ===")
     log(f"{'workload':18s} {'impl':10s} {'med ms':>8s} {'mean ms':>8s} {'speedup':>8s} {'TFLOP/s':>8s} {'max err':>9s}")
     for r in rows:
-        log(f"{r['workload']:18s} {r['impl']:10s} {r['med_ms']:8.2f} {r['mean_ms']:8.2f} {r['speedup']:7.2f}x {r['tflops']:8.0f} {r['max_err']:9.2e}")
+        log(f"{r['workload']:18s} {r['impl']:10s} {r['med_ms']:8.2f} {r['mean_ms']:8.2f} {r['speedup']:7.2f}x "
+            f"{r['tflops']:8.0f} {r['max_err']:9.2e}")
     log(f"total {time.time() - T0:.0f}s")
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from agents_fakes.fake_provider import FakeProvider, load_script
 from pydantic import ValidationError
 
 from d2kbench.agents.backends import BackendError, MalformedOutputError, RetryPolicy, get_backend
-from d2kbench.agents.fake_provider import FakeProvider, load_script
 
 FAST = RetryPolicy(base_s=0.001, max_s=0.01, max_retries=3)
 TOOLS = [{"name": "run_tests", "description": "run the tests",
@@ -149,3 +149,19 @@ def test_cli_backends_refuse_tools_and_missing_binaries(monkeypatch, tmp_path):
     b = get_backend("claude-code", "m", binary="/bin/true")
     with pytest.raises(ValueError, match="runs its own tools"):
         b.complete([{"role": "user", "content": "x"}], tools=TOOLS)
+
+
+def test_claude_codes_tool_timeout_outlasts_the_longest_submit(tmp_path):
+    """A submit waits up to the workspace's ``submit_timeout_s`` for its evaluation, then
+    answers: Claude Code must let a Bash or MCP tool call run longer than that, and never move
+    it to the background."""
+    from d2kbench.agents.backends.claude_code import ClaudeCodeBackend
+    from d2kbench.agents.workspace import WorkspaceConfig
+
+    backend = object.__new__(ClaudeCodeBackend)  # the environment, without the CLI installed
+    backend.api_key, backend.base_url, backend.extra_env = "k", None, {}
+    env = backend.env(tmp_path)
+    longest_submit_ms = WorkspaceConfig(task="t", guidance="none", run_dir=str(tmp_path)).submit_timeout_s * 1000
+    for key in ("BASH_DEFAULT_TIMEOUT_MS", "BASH_MAX_TIMEOUT_MS", "MCP_TOOL_TIMEOUT"):
+        assert int(env[key]) >= longest_submit_ms + 60_000, key
+    assert env["CLAUDE_CODE_DISABLE_BACKGROUND_TASKS"] == "1"

@@ -13,9 +13,9 @@ import json
 import shutil
 
 import pytest
-
+from agents_fakes.fake_provider import FakeProvider
 from agents_fakes.scripted import FAST_EVAL, TASK, claude_script, codex_script, correct_solution
-from d2kbench.agents.fake_provider import FakeProvider
+
 from d2kbench.agents.runner import RunSpec, run_agent
 from d2kbench.store import Store
 

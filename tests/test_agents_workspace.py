@@ -13,14 +13,24 @@ from pathlib import Path
 import pytest
 import yaml
 
+from d2kbench.agents.leaks import COPY_THRESHOLD, code_fingerprint, held_back_copies
 from d2kbench.agents.submissions import (
-    SubmissionQueue, code_fingerprint, evaluate_request, held_back_copies, sha256_of, snapshot,
+    SubmissionQueue,
+    evaluate_request,
+    sha256_of,
+    snapshot,
 )
 from d2kbench.agents.workspace import (
-    GUIDANCE_LEVELS, EvalSettings, load_config, render_guidance, stage_workspace, workspace_files,
+    GUIDANCE_LEVELS,
+    EvalSettings,
+    load_config,
+    render_guidance,
+    stage_workspace,
+    workspace_files,
 )
+from d2kbench.harness.evil import EVIL_DIR
 from d2kbench.tasks import load_task
-from d2kbench.tasks.loader import SHARED_FILES
+from d2kbench.tasks.loader import SHARED_FILES, public_task_yaml
 
 TASK = "muon_newton_schulz"
 
@@ -35,7 +45,17 @@ def test_workspace_holds_shared_files_guidance_and_brief_but_never_expert_or_rub
     ws = stage_workspace(task, tmp_path / "ws", level, device="cpu", budget_turns=123)
     files = {str(p) for p in workspace_files(ws)}
     for name in SHARED_FILES:
-        assert (ws / name).read_bytes() == (task.root / name).read_bytes()
+        want = public_task_yaml(task.root).encode() if name == "task.yaml" else (task.root / name).read_bytes()
+        assert (ws / name).read_bytes() == want
+    # the public task.yaml: the same specification without the design notes (no workspace
+    # names the expert design, the unguided one included)
+    public = yaml.safe_load((ws / "task.yaml").read_text())
+    assert [w["id"] for w in public["workloads"]] == [w.id for w in task.spec.workloads]
+    assert public["args"] == yaml.safe_load((task.root / "task.yaml").read_text())["args"]
+    assert set(public["sol"]) == {"reference"} and "origin" not in public and "alternatives" not in public
+    text = (ws / "task.yaml").read_text().lower()
+    for design_word in ("gram", "restart", "rationale", "symmetric"):
+        assert design_word not in text, design_word
     assert (ws / "solution.py").read_bytes() == (task.root / "template.py").read_bytes()
     assert {"CLAUDE.md", "AGENTS.md", "workloads.yaml", ".mcp.json", ".d2k/workspace.json",
             "tools/test", "tools/bench", "tools/profile", "tools/submit"} <= files
@@ -44,7 +64,7 @@ def test_workspace_holds_shared_files_guidance_and_brief_but_never_expert_or_rub
     # what the shared task files themselves contain (e.g. the public coefficient table)
     held = [task.root / "rubric.yaml"] + sorted((task.root / "solutions").glob("*.py"))
     assert not any(Path(f).name in {"expert.py", "rubric.yaml", "straightforward.py"} for f in files)
-    shared = b"\n".join((task.root / n).read_bytes() for n in SHARED_FILES)
+    shared = b"\n".join((ws / n).read_bytes() for n in SHARED_FILES)
     for f in files:
         data = (ws / f).read_bytes()
         for h in held:
@@ -64,6 +84,38 @@ def test_workspace_holds_shared_files_guidance_and_brief_but_never_expert_or_rub
     assert os.access(ws / "tools" / "submit", os.X_OK)
     cfg = load_config(ws)
     assert cfg.task == TASK and cfg.guidance == level and cfg.device == "cpu"
+
+
+def _keys(node) -> set[str]:
+    if isinstance(node, dict):
+        return set(node) | {k for v in node.values() for k in _keys(v)}
+    if isinstance(node, list):
+        return {k for v in node for k in _keys(v)}
+    return set()
+
+
+@pytest.mark.parametrize("task_id", __import__("d2kbench.tasks", fromlist=["list_tasks"]).list_tasks())
+def test_every_unguided_workspace_holds_the_public_subset_only(tmp_path, task_id):
+    """One public subset per task (``tasks.loader``: the shared files, the public rendering of
+    ``task.yaml``): no unguided workspace holds design notes, origins, alternatives or the
+    work models of designs, and no guidance text."""
+    from d2kbench.tasks.loader import PRIVATE_ANYWHERE, PRIVATE_KEYS, PRIVATE_SOL_KEYS
+
+    t = load_task(task_id)
+    ws = stage_workspace(t, tmp_path / "ws", "none", device="cpu")
+    public = yaml.safe_load((ws / "task.yaml").read_text())
+    assert not _keys(public) & set(PRIVATE_ANYWHERE), task_id
+    assert not set(public) & set(PRIVATE_KEYS) and not set(public.get("sol") or {}) & set(PRIVATE_SOL_KEYS)
+    assert public["workloads"] and public["args"]
+    assert not (ws / "GUIDANCE.md").exists()
+    files = {str(p) for p in workspace_files(ws)}
+    assert not {f for f in files if f.startswith(("solutions", "rubric", "guidance", "calibration"))}, files
+    texts = "\n".join((ws / f).read_text(errors="replace") for f in files)
+    for item in t.guidance.items:  # no title and no sentence of the guidance
+        assert item.title not in texts, (task_id, item.title)
+        for sentence in item.text.replace("\n", " ").split(". "):
+            if len(sentence.strip()) > 60:
+                assert sentence.strip() not in texts, (task_id, sentence.strip()[:80])
 
 
 def test_guidance_is_cumulative_by_level(task):
@@ -166,14 +218,55 @@ def test_snapshot_is_content_hashed_and_a_modified_snapshot_is_rejected(tmp_path
     assert json.loads((tmp_path / "control" / "submissions" / "001.result.json").read_text())["status"] == "rejected"
 
 
+def test_the_queue_evaluates_screens_and_records_its_own_copy(tmp_path, task, monkeypatch):
+    """The agent can write its snapshot folder: swapping a submitted held-back copy for harmless
+    code while it is evaluated must not get it past the held-back screen, and the recorded
+    candidate is what was evaluated."""
+    from d2kbench.agents import submissions
+    from d2kbench.store import Store
+
+    ws = stage_workspace(task, tmp_path / "ws", "none", device="cpu", run_dir=tmp_path / "run" / "control",
+                         runner=True)
+    copy = (task.root / "solutions" / "straightforward.py").read_text()
+    (ws / "solution.py").write_text(copy)
+    req = snapshot(ws, load_config(ws), turn=1)
+    evaluated = []
+
+    def evaluate(cfg, r, store=None, cand_dir=None):  # the agent edits its snapshot mid-evaluation
+        agent_side = Path(req.snapshot)
+        agent_side.chmod(0o644)
+        agent_side.write_text("def run(G, steps=5):\n    return G\n")
+        evaluated.append(Path(r.snapshot).read_text())
+        return submissions.SubmissionResult(n=r.n, status="evaluated", eligible=True, geomean_speedup=2.0,
+                                            sha256=r.sha256, text="ok"), None
+
+    monkeypatch.setattr(submissions, "evaluate_request", evaluate)
+    store_path = tmp_path / "s.sqlite"
+    st = Store(store_path)
+    st.start_run("r1", task=TASK, model="m", backend="openai", guidance="none", seed=0, budget_turns=5, config={})
+    out = SubmissionQueue(ws, store_path, "r1").process(req)
+    assert evaluated == [copy]
+    assert (out.status, out.eligible) == ("held_back_copy", False)
+    (cand,) = st.candidates_of("r1")
+    assert Path(cand["path"]).read_text() == copy and sha256_of(Path(cand["path"])) == cand["solution_sha256"]
+    assert Path(cand["path"]).parent == tmp_path / "run" / "candidates-evaluated"
+
+
 def test_copies_of_held_back_solutions_are_recognised_through_cosmetic_edits(tmp_path, task):
     original = (task.root / "solutions" / "straightforward.py").read_text()
     cosmetic = ('"""My own work."""\n# written from scratch\n' + original.replace("\n\n\n", "\n\n")
                 .replace('"""Muon orthogonalisation', '"""Orthogonalisation').replace("\n\n", "\n  # :)\n\n"))
     p = tmp_path / "c.py"
     p.write_text(cosmetic)
-    assert held_back_copies(task.root, p) == ["straightforward.py"]
-    p.write_text(original.replace("COEFFS)", "COEFFS[:4])"))
+    assert held_back_copies(task.root, p) == [{"file": "straightforward.py", "similarity": 1.0, "identical": True}]
+    # renamed names and an edited line: still a copy, by similarity
+    p.write_text(original.replace("COEFFS)", "COEFFS[:4])").replace("polar_express", "my_polar"))
+    (hit,) = held_back_copies(task.root, p)
+    assert hit["file"] == "straightforward.py" and not hit["identical"] and hit["similarity"] >= COPY_THRESHOLD
+    # an independent implementation of the same task is not a copy of either solution
+    p.write_text((EVIL_DIR / "muon_newton_schulz" / "_tiny_muon.py").read_text())
     assert held_back_copies(task.root, p) == []
     assert code_fingerprint("x = 1  # a\n") == code_fingerprint("x = 1\n\n")
     assert code_fingerprint("x = 1\n") != code_fingerprint("x = 2\n")
+
+

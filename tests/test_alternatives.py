@@ -12,11 +12,11 @@ from typer.testing import CliRunner
 
 from d2kbench.cli import app
 from d2kbench.harness.evaluate import Options, evaluate
-from d2kbench.harness.results import Status
+from d2kbench.harness.validate import validate_task
 from d2kbench.integrity.parent import make_guards
+from d2kbench.results import Status
 from d2kbench.tasks import TaskFileError, load_task
 from d2kbench.tasks.loader import COMPILED_REFERENCE
-from d2kbench.tasks.validate import validate_task
 
 #: A muon alternative with the right signature, shape and dtype but a wrong answer (G normalised,
 #: not orthogonalised).
@@ -61,7 +61,8 @@ def test_shipped_alternatives():
 
 @pytest.mark.parametrize("alt, match", [
     ({"name": "SDPA-flash", "description": "x", "compile_reference": True}, r"alternatives\.0\.name.*snake_case"),
-    ({"name": "a", "description": "x", "file": "alternatives/nope.py"}, r"alternatives\.0\.file: alternatives/nope\.py does not exist"),
+    ({"name": "a", "description": "x", "file": "alternatives/nope.py"},
+     r"alternatives\.0\.file: alternatives/nope\.py does not exist"),
     ({"name": "a", "description": "x", "file": "alternatives/a.py", "compile_reference": True}, "exactly one of 'file'"),
     ({"name": "a", "description": "x"}, "exactly one of 'file'"),
     ({"name": "a", "description": "x", "compile_reference": True, "devices": ["tpu"]}, r"alternatives\.0\.devices\.0"),
@@ -120,7 +121,7 @@ def test_trust_is_by_path_not_by_name(tmp_path):
     fake.parent.mkdir()
     fake.write_text((gqa.root / "alternatives" / "sdpa_flash.py").read_text())
     assert not gqa.is_trusted(fake)
-    guards = make_guards(gqa, {"alt:sdpa_flash": fake, "real": gqa.resolve_solution("alt:sdpa_flash")}, "cpu", Options())
+    guards = make_guards(gqa, {"alt:sdpa_flash": fake, "real": gqa.resolve_solution("alt:sdpa_flash")}, "cpu")
     assert not guards["alt:sdpa_flash"].trusted and guards["alt:sdpa_flash"].static
     assert guards["real"].trusted and not guards["real"].static
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from conftest import SOLUTIONS
 
 from d2kbench.harness.benchmark import benchmark
 from d2kbench.harness.evaluate import Options
-from d2kbench.harness.results import Status
 from d2kbench.report.benchmark import Bar, to_markdown
-from conftest import SOLUTIONS
+from d2kbench.results import Status
 
 
 def test_bar_parse():
@@ -46,7 +46,7 @@ def test_work_model_of_solutions(muon):
 def _bench_of(task, solution: str, results: list, env: dict, floors: dict):
     """A BenchmarkResult of one solution with given workload results (no GPU needed)."""
     from d2kbench.harness.benchmark import BenchmarkResult, rates_of
-    from d2kbench.harness.results import SolutionRun
+    from d2kbench.results import SolutionRun
 
     run = SolutionRun(solution=solution, path="-", sha256="-", role="candidate", results=results)
     wls = [task.spec.workload(r.workload) for r in results]
@@ -56,9 +56,9 @@ def _bench_of(task, solution: str, results: list, env: dict, floors: dict):
 
 
 def test_bound_bars_follow_each_workloads_bound_class(muon):
-    from d2kbench.harness.results import WorkloadResult
     from d2kbench.harness.timing import summarize
     from d2kbench.report.benchmark import BoundBar
+    from d2kbench.results import WorkloadResult
     from d2kbench.scoring.sol import MEASURED, bound_of, sol_ms
 
     wl = muon.spec.workload("paper_8x7168x18432")
@@ -85,9 +85,9 @@ def test_bound_bars_follow_each_workloads_bound_class(muon):
 
 
 def test_latency_bar_uses_the_launch_floor(muon):
-    from d2kbench.harness.results import WorkloadResult
     from d2kbench.harness.timing import summarize
     from d2kbench.report.benchmark import BoundBar
+    from d2kbench.results import WorkloadResult
 
     wl = muon.spec.workload("paper_32x2048x5464")
     latency = muon.spec.model_copy(update={"workloads": [
@@ -101,8 +101,8 @@ def test_latency_bar_uses_the_launch_floor(muon):
 
 
 def test_report_names_late_event_starts(muon):
-    from d2kbench.harness.results import WorkloadResult
     from d2kbench.harness.timing import summarize
+    from d2kbench.results import WorkloadResult
 
     wl = "paper_8x7168x18432"
     env = {"gpu": "NVIDIA H200"}
@@ -127,3 +127,66 @@ def test_launch_floor_needs_a_gpu_and_a_gpu_timing_mode():
     else:
         with pytest.raises(RuntimeError, match="measured on a GPU"):
             launch_floor_ms("graph")
+
+
+class _FakeAllocator:
+    """An allocator whose figures the test sets: ``allocated`` before the call, the call's peak."""
+
+    def __init__(self, before: int, peak: int):
+        self.before, self.top, self.resets, self.syncs = before, peak, 0, 0
+
+    def sync(self):
+        self.syncs += 1
+
+    def allocated(self):
+        return self.before
+
+    def reset_peak(self):
+        self.resets += 1
+
+    def peak(self):
+        return self.top
+
+
+def test_measure_call_reports_the_peak_above_the_inputs_and_the_outputs():
+    import torch
+
+    from d2kbench.harness.memory import measure_call, output_nbytes
+
+    a, b = torch.zeros(10, dtype=torch.float32), torch.zeros(4, dtype=torch.float16)
+    alloc = _FakeAllocator(before=1000, peak=1000 + 4096)
+    result, mem = measure_call(lambda: (a, b, a[2:], 3), alloc)
+    assert result[0] is a and alloc.resets == 1 and alloc.syncs == 2
+    # a and its view share one storage: counted once
+    assert mem.output_bytes == output_nbytes((a, b)) == 40 + 8 and mem.peak_bytes == 4096
+    assert mem.extra_bytes == 4096 - 48
+    assert measure_call(lambda: None, _FakeAllocator(500, 200))[1].peak_bytes == 0  # never negative
+
+
+def test_report_shows_peak_memory_next_to_time(muon):
+    from d2kbench.harness.timing import summarize
+    from d2kbench.results import WorkloadResult
+
+    wl = "paper_8x7168x18432"
+    env = {"gpu": "NVIDIA H200"}
+    plain = summarize([1.0] * 12, "events", l2_flush=True)
+    page = to_markdown(_bench_of(muon, "expert", [WorkloadResult(workload=wl, status=Status.OK, timing=plain)], env, {}))
+    assert "Peak device memory" not in page  # CPU runs and old records: no table
+    mem = plain.model_copy(update={"peak_mem_bytes": 3 * 2 ** 30, "output_mem_bytes": 2 ** 30})
+    page = to_markdown(_bench_of(muon, "expert", [WorkloadResult(workload=wl, status=Status.OK, timing=mem)], env, {}))
+    assert "## Peak device memory of one call (MiB)" in page and f"| {wl} | 3072 (2048) |" in page
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a GPU")
+def test_cuda_allocator_measures_a_workspace():
+    import torch
+
+    from d2kbench.harness.memory import CudaAllocatorStats, measure_call
+
+    def call():
+        work = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")  # freed before returning
+        del work
+        return torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+
+    _, mem = measure_call(call, CudaAllocatorStats())
+    assert mem.output_bytes == 1 << 20 and mem.peak_bytes >= (64 << 20) and mem.extra_bytes >= (63 << 20)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from agents_fakes.fake_provider import FakeProvider
 
-from d2kbench.agents.fake_provider import FakeProvider
 from d2kbench.campaign.executors import LocalExecutor, local_slots
 from d2kbench.campaign.plan import PlanError, load_plan
 from d2kbench.campaign.runner import run_campaign
@@ -154,7 +154,7 @@ def test_killed_campaign_resumes_without_redoing_or_losing_runs(tmp_path):
         plan_path = write_plan(tmp_path / "plan.yaml", fp.base_url + "/v1")
         store_path = tmp_path / "s.sqlite"
         cmd = [sys.executable, "-m", "d2kbench.cli", "campaign", str(plan_path), "--store", str(store_path)]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # killed: its output is never read
 
         def count(status: str) -> int:
             if not store_path.exists():

@@ -12,12 +12,13 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from d2kbench.agents.fake_provider import FakeProvider  # noqa: E402
+from agents_fakes.fake_provider import FakeProvider  # noqa: E402
+from test_campaign import by_key, slow_done, write_plan  # noqa: E402
+
 from d2kbench.campaign.executors import RayExecutor, make_executor  # noqa: E402
 from d2kbench.campaign.plan import load_plan  # noqa: E402
 from d2kbench.campaign.runner import run_campaign  # noqa: E402
 from d2kbench.store import Store  # noqa: E402
-from test_campaign import by_key, slow_done, write_plan  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,17 @@ import numpy as np
 import pytest
 import torch
 
-from d2kbench.harness import checks
-from d2kbench.harness.timing import (HOLD_MAX_US, HOLD_MIN_US, MIN_GRAPH_CALLS, graph_passes, hold_us_for,
-                                     sample_count, summarize, time_cpu)
+from d2kbench.checking import checks
+from d2kbench.harness.timing import (
+    HOLD_MAX_US,
+    HOLD_MIN_US,
+    MIN_GRAPH_CALLS,
+    graph_passes,
+    hold_us_for,
+    sample_count,
+    summarize,
+    time_cpu,
+)
 from d2kbench.tasks.schema import Tolerance
 
 
@@ -198,3 +206,30 @@ def test_rel_fro_in_chunks_equals_one_pass(monkeypatch):
     t = tol(metric="allclose", atol=0.005, rtol=0.0)
     assert checks.compare(0, "o", t, x, y, [0, 1, 2].index).error == pytest.approx(
         float(((x - y).abs() > 0.005).sum()) / x.numel())
+
+
+def test_unchanged_checks_only_what_the_reference_left_alone():
+    """State pools: slots the reference did not write must keep their bits; written slots are
+    left to the other checks (here slot 1 is written, slot 0 is a canary)."""
+    before = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    exp = torch.tensor([[1.0, 2.0], [5.0, 6.0]])
+    t = tol(metric="unchanged")
+    dim_of = ["S", "X"].index
+    good = torch.tensor([[1.0, 2.0], [5.5, 6.5]])           # written slot differs from the reference: not this check's job
+    assert checks.compare(0, "state", t, good, exp, dim_of, before=before).passed
+    bad = torch.tensor([[1.0, 2.0000002], [5.0, 6.0]])      # one ulp in a canary slot
+    r = checks.compare(0, "state", t, bad, exp, dim_of, before=before)
+    assert not r.passed and r.error == pytest.approx(0.5) and "first at (0, 1)" in r.detail
+    nan = torch.tensor([[float("nan"), 2.0], [5.0, 6.0]])
+    assert not checks.compare(0, "state", t, nan, exp, dim_of, before=before).passed
+    assert not checks.compare(0, "state", t, good, exp, dim_of).passed   # no value before the call: fails, says why
+
+
+def test_unchanged_is_refused_on_outputs():
+    from d2kbench.tasks.schema import OutputSpec, TaskSpec
+    with pytest.raises(ValueError, match="state_checks only"):
+        TaskSpec(id="t", title="t", category="serving", origin=["x"], description="d",
+                 args=[{"name": "x", "kind": "tensor", "shape": ["N"], "dtype": "float32"}],
+                 outputs=[OutputSpec(name="y", shape=["N"], dtype="float32", checks=[tol(metric="unchanged")])],
+                 workloads=[{"id": "w", "axes": {"N": 4}}], smoke_workloads=[{"id": "s", "axes": {"N": 2}}],
+                 timing={"mode": "events"}, sol={"reference": {}})

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import io
 import json
+from pathlib import Path
 
+import pytest
+import rich.errors
+from rich.console import Console
 from typer.testing import CliRunner
 
 from d2kbench.cli import app
+from d2kbench.terminal import print_error
 
 runner = CliRunner()
 
@@ -22,6 +28,24 @@ def test_tasks_and_show():
 def test_show_unknown_task():
     r = runner.invoke(app, ["show", "nope"])
     assert r.exit_code == 2 and "no such task" in r.output
+
+
+def test_show_and_eval_name_a_negative_axis(tmp_path):
+    import shutil
+
+    import yaml
+
+    from d2kbench.tasks import load_task
+
+    root = tmp_path / "muon_newton_schulz"
+    shutil.copytree(load_task("muon_newton_schulz").root, root, ignore=shutil.ignore_patterns("__pycache__"))
+    data = yaml.safe_load((root / "task.yaml").read_text())
+    data["smoke_workloads"][1]["axes"]["N"] = -48
+    (root / "task.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    for args in (["show", str(root)], ["eval", str(root), "straightforward", "--device", "cpu"]):
+        r = runner.invoke(app, args, env={"COLUMNS": "250"})
+        assert r.exit_code == 2, r.output
+        assert "workload 'smoke_tall_1x64x48': axis 'N' = -48" in r.output and "Traceback" not in r.output
 
 
 def test_validate():
@@ -71,3 +95,19 @@ def test_gpu_sized_workloads_on_the_cpu_get_a_note(capsys):
     _warn_slow_on_cpu(t, "cpu", [smoke, paper])
     out = capsys.readouterr().out
     assert "paper_32x2048x5464 is GPU-sized" in out and smoke.id not in out
+
+
+def test_errors_print_brackets_as_written():
+    """Every command group prints errors through ``terminal.print_error``: text with brackets
+    (an index, a TOML table, a closing tag) comes out as written; read as rich markup, the
+    closing tag raises and the index could vanish as a style."""
+    message = "input w13[0, 130, 98] changed; see [tool.ruff] in pyproject.toml [/x]"
+    out = io.StringIO()
+    print_error(Console(file=out, width=40, color_system=None), message)
+    assert out.getvalue() == message + "\n"  # one line although wider than the console
+    with pytest.raises(rich.errors.MarkupError):
+        Console(file=io.StringIO()).print(f"[red]{message}[/red]")
+    src = Path(__file__).resolve().parents[1] / "src" / "d2kbench"
+    leftover = [f"{p.relative_to(src)}:{i + 1}" for p in src.rglob("*.py")
+                for i, line in enumerate(p.read_text().splitlines()) if 'print(f"[red]{' in line]
+    assert leftover == []

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from d2kbench.integrity.evil import EVIL_DIR, discover, run_suite
+from d2kbench.harness.evil import EVIL_DIR, discover, run_suite
 
 CPU_CASES = discover(EVIL_DIR, "cpu")
 ALL_CASES = discover(EVIL_DIR, "cuda")

@@ -1,4 +1,4 @@
-"""Format extensions added with the attention tasks (issue 8), tested on small synthetic tasks:
+"""Format extensions added with the attention tasks, tested on small synthetic tasks:
 
 * ``dtype_param`` on tensor arguments and outputs: a workload parameter that overrides the
   declared dtype on that workload (float16 smoke workloads of bfloat16 tasks, because the CPU
@@ -15,12 +15,14 @@ import torch
 import yaml
 from pydantic import ValidationError
 
-from d2kbench.harness import checks
-from d2kbench.harness.evaluate import Options, _Expected, check_reply, evaluate
-from d2kbench.harness.inputs import check_args, make_args
+from d2kbench.checking import checks
+from d2kbench.checking.expected import Expected
+from d2kbench.checking.inputs import check_args, make_args
+from d2kbench.checking.verdict import check_reply
+from d2kbench.harness.evaluate import Options, evaluate
+from d2kbench.harness.validate import _run_smoke
 from d2kbench.tasks import load_task
 from d2kbench.tasks.schema import TaskSpec
-from d2kbench.tasks.validate import _run_smoke
 
 _BASE = {
     "title": "t", "category": "attention", "origin": ["test"], "description": "d",
@@ -158,12 +160,12 @@ def test_check_reply_accepts_none_or_empty_tuple(tmp_path, container):
     outs = [None] if container == "NoneType" else []
     reply = {"outputs": outs, "types": ["builtins.NoneType"] * len(outs), "subclass": [False] * len(outs),
              "container": container, "aliases": []}
-    results, violations = check_reply(0, task.spec, wl, ref, args, _Expected(task, ref, wl, pristine), reply)
+    results, violations = check_reply(0, task.spec, wl, ref, args, Expected(task, ref, wl, pristine), reply)
     assert violations == [] and results and all(r.passed for r in results), results
     assert {r.name for r in results} >= {"state:x:reference:allclose", "y:untouched"}
     # returning a tensor from an in-place operator is a count mismatch
     bad = dict(reply, outputs=[torch.zeros(1)], types=["torch.Tensor"], subclass=[False], container="Tensor")
-    results, _ = check_reply(0, task.spec, wl, ref, args, _Expected(task, ref, wl, pristine), bad)
+    results, _ = check_reply(0, task.spec, wl, ref, args, Expected(task, ref, wl, pristine), bad)
     assert not results[0].passed and results[0].name == "outputs:count"
 
 

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from d2kbench.cli import app
 from d2kbench.harness import process
 from d2kbench.harness.evaluate import Options, evaluate
-from d2kbench.integrity.evil import EVIL_DIR
+from d2kbench.harness.evil import EVIL_DIR
 from d2kbench.integrity.parent import external_edit_only
 from d2kbench.tasks import load_task
 

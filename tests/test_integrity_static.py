@@ -55,6 +55,14 @@ CASES = [
     ("import sys\ndef run(a):\n    sys.exit(0)\n", "ast_process_control"),
     ("import os\ndef run(a):\n    os.kill(os.getppid(), 9)\n", "ast_process_control"),
     ("import reference\n", "ast_reference_import"),
+    ("import numpy as np\n", "ast_host_compute"),
+    ("def run(a):\n    return a.numpy().sum()\n", "ast_host_compute"),
+    ("def run(a):\n    return sum(a.tolist())\n", "ast_host_compute"),
+    ("import torch\ndef run(a):\n    return torch.from_numpy(a)\n", "ast_host_compute"),
+    ("def run(a):\n    return a.to('cpu')\n", "ast_host_compute"),
+    ("def run(a):\n    return a.cpu()\n", "ast_host_compute"),
+    ("import _posixsubprocess\n", "ast_forbidden_import"),
+    ("import sqlite3\n", "ast_forbidden_import"),
 ]
 
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from d2kbench.harness.results import TimingStats
+from d2kbench.harness.evil import EVIL_DIR, discover, read_expect
 from d2kbench.integrity import gpu, ops
-from d2kbench.integrity.evil import EVIL_DIR, discover, read_expect
 from d2kbench.integrity.parent import FileWatch, below_sol_floor, harness_files, perturb
 from d2kbench.integrity.rules import RULES
+from d2kbench.results import TimingStats
 from d2kbench.tasks import load_task
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "integrity.md"
@@ -49,7 +49,8 @@ def test_task_forbidden_ops_extend_the_list():
 def test_dispatch_monitor_sees_through_spellings():
     """@, matmul, einsum and F.linear all reach the monitor as ATen products."""
     a = torch.randn(2, 4, 4)
-    mode, seen = ops.make_op_monitor()
+    mode, log = ops.make_op_monitor()
+    seen = log.ops
     with mode:
         _ = a @ a
         _ = torch.einsum("bij,bjk->bik", a, a)
@@ -63,8 +64,24 @@ def test_dispatch_monitor_sees_through_spellings():
 
 
 def test_monitor_keeps_its_counter_out_of_reach():
-    mode, seen = ops.make_op_monitor()
-    assert not any(isinstance(v, dict) for v in vars(mode).values())
+    mode, _log = ops.make_op_monitor()
+    assert not any(isinstance(v, (dict, ops.OpLog)) for v in vars(mode).values())
+
+
+def test_host_compute_limits_scalar_reads_and_device_to_host_bytes():
+    """Many ``.item()`` reads in one call are host compute; a few (launch planning) are not."""
+    t = torch.arange(200.0)
+    mode, log = ops.make_op_monitor()
+    with mode:
+        lens = [int(t[i]) for i in range(8)]
+    assert lens[-1] == 7 and log.scalar_reads == 8 and ops.judge_host(log) == []
+    with mode:
+        total = sum(float(t[i]) for i in range(200))
+    assert total == sum(range(200)) and log.scalar_reads == 208
+    assert [r for r, _ in ops.judge_host(log)] == ["host_compute"]
+    log.clear()
+    log.host_bytes = ops.MAX_HOST_BYTES + 1
+    assert "bytes from the GPU to the host" in ops.judge_host(log)[0][1]
 
 
 # ------------------------------------------------------------------------------- profiler analysis
@@ -197,6 +214,7 @@ AUDIT_SCRIPT = textwrap.dedent('''
     from d2kbench.integrity import audit
     sol = sys.argv[1]
     protected = sys.argv[2]
+    import torch.cuda  # imported before arming, as in a worker (importing torch dlopens itself)
     rec = audit.install(sol, [protected])
     rec.arm()
     results = {}
@@ -209,14 +227,65 @@ AUDIT_SCRIPT = textwrap.dedent('''
         ("ctypes", "import ctypes; ctypes.CDLL(None)"),
         ("kill_parent", "import os; os.kill(os.getppid(), 0)"),
         ("write_protected", f"open({os.path.join(protected, 'x.py')!r}, 'a')"),
+        ("ctypes_through_a_library", "import ctypes, functools; from torch.utils._pytree import tree_map; "
+                                     "tree_map(functools.partial(ctypes.string_at, size=8), [id(tree_map)])"),
+        ("proc_self_mem", "open('/proc/self/mem', 'rb').close()"),
+        ("proc_mem_by_dir_fd", "import os; d = os.open('/proc/self', os.O_RDONLY); os.open('mem', os.O_RDONLY, dir_fd=d)"),
+        ("symlink_to_mem", f"import os; os.symlink('/dev/fd/../mem', {os.path.join(tempfile.mkdtemp(), 'x')!r})"),
+        ("proc_self_status", "open('/proc/self/status').read()"),
         ("namedtuple", "import collections; collections.namedtuple('P', 'a b')"),
+        ("torch_nvml_count", "import torch.cuda\\ntry:\\n    torch.cuda._raw_device_count_nvml()\\n"
+                             "except PermissionError:\\n    raise\\n"
+                             "except OSError:\\n    pass  # no NVML on this machine: the load was allowed"),
+        ("nvml_name_spoofed", "import ctypes\\ndef _raw_device_count_nvml():\\n    ctypes.CDLL(None)\\n"
+                              "_raw_device_count_nvml()"),
         ("write_elsewhere", f"open({os.path.join(tempfile.gettempdir(), 'd2k_audit_probe.txt')!r}, 'w').close()"),
+        # code compiled at run time names any file and function: PyTorch's, a library's, the standard library's
+        ("nvml_file_forged", "import ctypes\\nns = {}\\nexec(compile('import ctypes\\\\ndef _raw_device_count_nvml():\\\\n"
+                             "    ctypes.CDLL(None)\\\\n', '/opt/x/torch/cuda/__init__.py', 'exec'), ns)\\n"
+                             "ns['_raw_device_count_nvml']()"),
+        ("nvml_code_replaced", "import ctypes, types, torch.cuda\\ndef f():\\n    ctypes.CDLL(None)\\n"
+                               "real = torch.cuda._raw_device_count_nvml.__code__\\n"
+                               "types.FunctionType(f.__code__.replace(co_filename=real.co_filename, "
+                               "co_name=real.co_name), {'ctypes': ctypes})()"),
+        ("nvml_ctypes_poisoned", "import ctypes, sys, types, torch.cuda\\n"
+                                 "class L(ctypes.CDLL):\\n    _name = property(lambda s: None, lambda s, v: None)\\n"
+                                 "fake = types.ModuleType('ctypes'); fake.__dict__.update(vars(ctypes)); fake.CDLL = L\\n"
+                                 "sys.modules['ctypes'] = fake\\ntry:\\n    torch.cuda._raw_device_count_nvml()\\n"
+                                 "except AttributeError:\\n    pass\\nfinally:\\n    sys.modules['ctypes'] = ctypes"),
+        ("gc_file_forged", "ns = {}\\nexec(compile('import gc\\\\ndef g():\\\\n    return gc.get_objects()\\\\n', "
+                           "'/opt/x/numpy/core/_methods.py', 'exec'), ns)\\nns['g']()"),
+        ("getframe_as_collections", "ns = {}\\nexec(compile('import sys\\\\ndef g():\\\\n    return sys._getframe(1)\\\\n', "
+                                    "'/opt/x/collections/__init__.py', 'exec'), ns)\\nns['g']()"),
+        ("marshal_forged", "import marshal\\nc = compile('import gc\\\\ndef g():\\\\n    return gc.get_objects()\\\\n', "
+                           "'/opt/y/site-packages/torch/_utils.py', 'exec')\\nns = {}\\n"
+                           "exec(marshal.loads(marshal.dumps(c)), ns)\\nns['g']()"),
+        ("nvml_globals_forged", "import builtins, ctypes, types, torch.cuda\\n"
+                                "real = torch.cuda._raw_device_count_nvml\\n"
+                                "def imp(name, *a, **k):\\n    return builtins.__import__(name, *a, **k)\\n"
+                                "g = {'__builtins__': {'__import__': imp}, 'warnings': __import__('warnings')}\\n"
+                                "try:\\n    types.FunctionType(real.__code__, g)()\\nexcept PermissionError:\\n    raise\\n"
+                                "except OSError:\\n    pass  # no NVML here: the load was allowed"),
+        ("nvml_import_poisoned", "import builtins, ctypes, torch.cuda\\nreal = builtins.__import__\\n"
+                                 "def imp(name, *a, **k):\\n    return real(name, *a, **k)\\n"
+                                 "builtins.__import__ = imp\\ntry:\\n    torch.cuda._raw_device_count_nvml()\\n"
+                                 "except PermissionError:\\n    raise\\nexcept OSError:\\n    pass\\n"
+                                 "finally:\\n    builtins.__import__ = real"),
+        ("compile_laundered", "import functools\\nfrom torch.utils._pytree import tree_map\\n"
+                              "[c] = tree_map(functools.partial(compile, filename='/opt/z/helpers.py', mode='exec'), "
+                              "['import gc\\\\ndef g():\\\\n    return gc.get_objects()\\\\n'])\\nns = {}\\nexec(c, ns)\\n"
+                              "ns['g']()"),
     ]:
         try:
             solution_code(src)
             results[name] = "allowed"
         except PermissionError:
             results[name] = "refused"
+    try:  # a process's memory file is refused whoever opens it while the hook is armed
+        open("/proc/self/mem", "rb").close()
+        results["harness_proc_mem"] = "allowed"
+    except PermissionError:
+        results["harness_proc_mem"] = "refused"
     rec.disarm()
     import gc; gc.get_objects()  # the harness itself, disarmed: allowed
     results["recorded"] = sorted({r for r, _ in rec.drain()})
@@ -233,11 +302,109 @@ def test_audit_hook_refuses_solution_introspection_and_records_it(tmp_path):
                          timeout=120, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")})
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout.strip().splitlines()[-1])
-    for name in ("getframe", "tb_frame", "gc", "ctypes", "kill_parent", "write_protected"):
+    for name in ("getframe", "tb_frame", "gc", "ctypes", "kill_parent", "write_protected", "ctypes_through_a_library",
+                 "proc_self_mem", "proc_mem_by_dir_fd", "symlink_to_mem", "harness_proc_mem"):
         assert res[name] == "refused", (name, res)
     assert res["namedtuple"] == "allowed" and res["write_elsewhere"] == "allowed"
-    assert res["recorded"] == ["ctypes", "harness_tampering", "introspection", "process_control"]
+    # PyTorch's NVML device count, reached from the solution's first launch on a GPU, is allowed;
+    # the same function name in the solution's own file is not
+    assert res["torch_nvml_count"] == "allowed" and res["nvml_name_spoofed"] == "refused"
+    # ... nor a forged file name, forged code, or the real function with a poisoned ctypes module
+    for name in ("nvml_file_forged", "nvml_code_replaced", "nvml_ctypes_poisoned", "gc_file_forged",
+                 "getframe_as_collections", "marshal_forged", "compile_laundered", "nvml_globals_forged",
+                 "nvml_import_poisoned"):
+        assert res[name] == "refused", (name, res)
+    assert res["proc_self_status"] == "allowed"
+    assert res["recorded"] == ["ctypes", "harness_tampering", "host_compute", "introspection", "process_control"]
     assert not (protected / "x.py").exists()
+
+
+# ------------------------------------------------------------------------------- the parent's channel
+def _frame(obj) -> bytes:
+    import pickle
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def test_channel_loads_answers_but_refuses_code(tmp_path):
+    """The parent decodes a worker's frames with an allow-list: plain data and tensors load; a
+    global outside the list (``builtins.eval``, ``os.system``) is refused before it is called."""
+    import pickle
+
+    from d2kbench.sandbox import channel
+
+    reply = {"kind": "outputs", "outputs": [None], "wall_s": 0.5, "types": ["torch.Tensor"], "n": (1, 2.5, "x"),
+             "dtype": torch.bfloat16, "size": torch.Size([2, 3]), "device": torch.device("cpu"), "c": complex(1, 2),
+             "np": [__import__("numpy").float32(0.5), __import__("numpy").int64(7)]}
+    assert channel.loads(_frame(reply), str(tmp_path)) == reply
+    marker = tmp_path / "pwned"
+    evil = b"cbuiltins\neval\n(V__import__('pathlib').Path(" + repr(str(marker)).encode() + b").touch()\ntR."
+    assert pickle.loads(evil) is None and marker.exists()  # what a plain loads does
+    marker.unlink()
+    with pytest.raises(channel.UntrustedPickle, match="builtins.eval"):
+        channel.loads(evil, str(tmp_path))
+    with pytest.raises(channel.UntrustedPickle, match="os.system|posix.system"):
+        channel.loads(_frame(os.system), str(tmp_path))
+    with pytest.raises(channel.UntrustedPickle, match="_reconstruct|_frombuffer"):  # NumPy arrays: refused
+        channel.loads(_frame(__import__("numpy").zeros(3)), str(tmp_path))
+    assert not marker.exists()
+
+
+def test_channel_checks_shared_tensors_and_their_descriptors(tmp_path):
+    """A CPU tensor crosses as a descriptor fetched from the sender's listener: it loads when the
+    listener is in the worker's folder, and is refused from a listener elsewhere; a storage that
+    claims more bytes than its descriptor holds (SIGBUS in the parent) is refused."""
+    import multiprocessing.resource_sharer as rs
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401 - registers the tensor reductions
+
+    from d2kbench.sandbox import channel
+
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    data = bytes(ForkingPickler.dumps(t))
+    listener = rs._resource_sharer._address
+    out = channel.loads(data, os.path.dirname(listener))
+    assert torch.equal(out, t) and type(out) is torch.Tensor
+    with pytest.raises(channel.UntrustedPickle, match="not by a listener in the worker's folder"):
+        channel.loads(bytes(ForkingPickler.dumps(t)), str(tmp_path))
+
+    fd = os.memfd_create("short")
+    os.ftruncate(fd, 16)
+    with pytest.raises(channel.UntrustedPickle, match="comes with a descriptor of 16 bytes"):
+        channel._rebuild_storage_fd(torch.UntypedStorage, CheckedDupFd(fd), 4096)
+
+
+class CheckedDupFd:
+    """Stands in for a frame's checked descriptor (already received)."""
+
+    def __init__(self, fd):
+        self.fd = fd
+
+    def detach(self):
+        return self.fd
+
+
+def test_seccomp_program_forbids_processes_but_not_threads():
+    """A child with the CPU worker's filter: threads, Triton's interpreter and PyTorch work;
+    fork, subprocess and exec kill it with SIGSYS (which the parent sees from outside)."""
+    import signal
+
+    code = textwrap.dedent('''
+        import sys, threading
+        from d2kbench.sandbox.seccomp import forbid_new_processes
+        assert forbid_new_processes() == ""
+        t = threading.Thread(target=print, args=("thread",)); t.start(); t.join()
+        import torch
+        print("torch", int(torch.ones(64, 64).sum()), flush=True)
+        import os
+        args = {"fork": [], "execv": ["/bin/true", ["true"]], "posix_spawn": ["/bin/true", ["true"], {}]}
+        getattr(os, sys.argv[1])(*args[sys.argv[1]])
+        print("NOT STOPPED", flush=True)
+    ''')
+    for how in ("fork", "execv", "posix_spawn"):
+        p = subprocess.run([sys.executable, "-c", code, how], capture_output=True, text=True, timeout=120)
+        assert p.returncode == -signal.SIGSYS, (how, p.returncode, p.stdout, p.stderr[-500:])
+        assert "thread" in p.stdout and "torch 4096" in p.stdout and "NOT STOPPED" not in p.stdout
 
 
 # ------------------------------------------------------------------------------- launch counter
@@ -255,26 +422,37 @@ def test_launch_counter_counts_interpreted_launches(tmp_path):
         a = torch.arange(8.0); o = torch.empty(8)
         _copy[(1,)](a, o, 8, B=8); _copy[(1,)](a, o, 8, B=8)
         print(dict(counter.take()), bool((o == a).all()))
+        _copy[lambda meta: (2, 1)](a, o, 8, B=4)
+        print(dict(counter.take()), dict(_Launches.names(counter.take())))
     ''')
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().splitlines()[-1] == "{'_copy': 2} True"
+    lines = out.stdout.strip().splitlines()
+    assert lines[-2] == "{('_copy', (1, 1, 1)): 2} True"
+    assert lines[-1] == "{('_copy', (2, 1, 1)): 1} {}"  # a grid function is recorded with its value
 
 
 # ------------------------------------------------------------------------------- bookkeeping
 def test_every_catalogue_entry_is_answered():
-    """Each of the 33 catalogue entries has a rule, an evil solution, or a documented reason in
-    docs/integrity.md why the design makes it impossible."""
+    """Each of the 47 catalogue entries has a rule, an evil solution, a test, or a documented
+    reason in docs/integrity.md why the design makes it impossible."""
     by_rules = {c for r in RULES.values() for c in r.catalogue}
-    by_evil = {c for case in discover(EVIL_DIR, "cuda") for c in case.expect["catalogue"]}
+    by_evil = {c for case in _all_cases() for c in case.expect["catalogue"]}
     text = DOCS.read_text()
     documented = {int(m) for m in re.findall(r"^\| (\d+) \|", text, flags=re.M)}
-    assert documented == set(range(1, 34)), sorted(set(range(1, 34)) - documented)
-    assert set(range(1, 34)) - by_rules - by_evil <= {8, 12, 17, 27}  # by construction: see the docs
+    assert documented == set(range(1, 48)), sorted(set(range(1, 48)) - documented)
+    # by construction (8, 12, 17, 27) or by the sandbox and agent tests (36, 44): see the docs
+    assert set(range(1, 48)) - by_rules - by_evil <= {8, 12, 17, 27, 36, 44}
+
+
+def _all_cases():
+    """Every evil case: those of the GPU run and the CPU-only ones."""
+    cases = {c.path: c for c in discover(EVIL_DIR, "cuda") + discover(EVIL_DIR, "cpu")}
+    return list(cases.values())
 
 
 def test_evil_files_are_well_formed():
-    cases = discover(EVIL_DIR, "cuda")
+    cases = _all_cases()
     assert len(cases) >= 35
     for case in cases:
         expect, doc = read_expect(case.path)
@@ -375,3 +553,89 @@ def test_solution_scope_excludes_libraries_and_the_harness_beside_the_solution()
     shipped_scope = solution_scope(str(shipped))  # a solution inside the package keeps its own folder
     assert is_solution_file(str(shipped.parent / "_helper.py"), shipped_scope)
     assert not is_solution_file(os.path.realpath(timing.__file__), shipped_scope)
+
+
+def test_expected_values_of_a_state_update_applied_several_times():
+    """A CUDA-graph replay runs input set 0 once per pass over the sets: an in-place state
+    update (here a residual add) is applied that often, and the graph check expects the
+    reference's state after as many calls, not after one."""
+    from d2kbench.checking.expected import Expected
+    from d2kbench.checking.inputs import clone_args, make_args
+    from d2kbench.tasks import load_task
+
+    task = load_task("fused_add_rmsnorm_fp8_quant")
+    ref = task.reference_module()
+    wl = task.spec.smoke_workloads[0]
+    pristine = make_args(ref, task.spec, wl, 3, "cpu")
+    once = Expected(task, ref, wl, pristine).reference()[1]
+    thrice = Expected(task, ref, wl, pristine, repeats=3).reference()[1]
+    by_hand = clone_args(pristine)
+    for _ in range(3):
+        ref.run(*by_hand)
+    names = [a.name for a in task.spec.args]
+    i = next(k for k, a in enumerate(task.spec.args) if getattr(a, "mutable", False))
+    assert torch.equal(thrice[i], by_hand[i]) and not torch.equal(thrice[i], once[i]), names[i]
+
+
+# ------------------------------------------------------------------------------- NVML through the hook
+#: A stand-in for the NVIDIA driver's NVML: the four functions PyTorch's device count and UUID
+#: queries call (one device), plus one that PyTorch never calls.
+FAKE_NVML = textwrap.dedent('''
+    #include <string.h>
+    int nvmlInit(void) { return 0; }
+    int nvmlDeviceGetCount_v2(int *n) { *n = 1; return 0; }
+    int nvmlDeviceGetHandleByIndex_v2(unsigned i, void **h) { *h = (void *)0x1; return 0; }
+    int nvmlDeviceGetUUID(void *h, char *buf, unsigned len) { strncpy(buf, "GPU-fake", len); return 0; }
+    int nvmlDeviceGetMemoryInfo(void *h, void *info) { return 0; }
+''')
+
+NVML_SCRIPT = textwrap.dedent('''
+    import json, sys
+    import torch.cuda
+    from d2kbench.integrity import audit
+    sol = sys.argv[1]
+    rec = audit.install(sol, [])
+    rec.arm()
+    results = {}
+    for name, src in [
+        ("count", "import torch.cuda\\nout.append(torch.cuda._raw_device_count_nvml())"),
+        ("uuids", "import torch.cuda\\nout.append(torch.cuda._raw_device_uuid_nvml())"),
+        ("other_symbol", "import torch.cuda, ctypes\\nctypes.CDLL('libnvidia-ml.so.1').nvmlDeviceGetMemoryInfo"),
+    ]:
+        out = []
+        try:
+            exec(compile(src, sol, "exec"), {"__name__": "sol", "out": out})
+            results[name] = ["allowed", out[0] if out else None]
+        except PermissionError:
+            results[name] = ["refused", None]
+    rec.disarm()
+    results["recorded"] = sorted({e for _, e in rec.drain()})
+    print(json.dumps(results))
+''')
+
+
+def test_pytorch_nvml_queries_run_under_the_hook(tmp_path):
+    """PyTorch's NVML device count and UUID queries (reached by a solution's first launch on a GPU
+    before CUDA's Python-side initialisation) run to the end under the armed hook: library
+    loaded, symbols looked up, foreign functions called, against a stand-in NVML built here. The
+    solution loading the same library itself is refused."""
+    import shutil
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the stand-in NVML")
+    (tmp_path / "nvml.c").write_text(FAKE_NVML)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(tmp_path / "libnvidia-ml.so.1"), str(tmp_path / "nvml.c")],
+                   check=True, capture_output=True, timeout=120)
+    sol = tmp_path / "solution.py"
+    sol.write_text("")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"),
+           "LD_LIBRARY_PATH": f"{tmp_path}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
+    out = subprocess.run([sys.executable, "-c", NVML_SCRIPT, str(sol)], capture_output=True, text=True, timeout=120,
+                         env=env)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["count"] == ["allowed", 1]
+    assert res["uuids"] == ["allowed", ["GPU-fake"]]
+    assert res["other_symbol"][0] == "refused"
+    assert res["recorded"] == ["ctypes.dlopen ('libnvidia-ml.so.1',) from solution.py:2"]  # loading it itself

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 
+from agents_fakes.fake_provider import FakeProvider
 from test_judge_support import design_fixture, expert_verdict, zero_verdict
 from typer.testing import CliRunner
 
-from d2kbench.agents.fake_provider import FakeProvider
 from d2kbench.cli import app
 from d2kbench.store import Store
 

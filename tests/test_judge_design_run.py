@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import pytest
+from agents_fakes.fake_provider import FakeProvider
 from test_judge_support import PROPERTIES, design_fixture, level, quote, verdict
 
-from d2kbench.agents.fake_provider import FakeProvider
 from d2kbench.judge.design_run import DesignRunSpec, run_design, submit_tool
 from d2kbench.judge.runner import JudgeConfig, judge
 from d2kbench.judge.targets import TargetError, design_from_run, impl_from_run
@@ -54,7 +55,7 @@ def test_invalid_then_valid_submission(tmp_path, api):
     assert "You have not submitted a design yet" in second
     assert "The design was NOT accepted: 2 problems" in third
     assert "/L3/0/pitfalls: Field required" in third and "/L1/0/conditions: List should have at least 1 item" in third
-    assert json.loads(out.design_path and open(out.design_path).read()) == design_fixture()
+    assert out.design_path and json.loads(Path(out.design_path).read_text()) == design_fixture()
     store = Store(store_path)
     run = store.run(out.run_id)
     assert (run["guidance"], run["status"], run["model"], run["final_candidate"]) == ("design", "finished",

@@ -9,12 +9,25 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_judge_support import (
-    PROPERTIES, cite, design_fixture, expert_path, expert_property_lines, level, quote, straightforward_path, text_line,
+    PROPERTIES,
+    cite,
+    design_fixture,
+    expert_path,
+    expert_property_lines,
+    level,
+    quote,
+    straightforward_path,
+    text_line,
 )
 
 from d2kbench.judge.design_schema import design_leaves
 from d2kbench.judge.evidence import (
-    MIN_QUOTE_CHARS, check_citation, normalize_quote, normalize_text, verify_design_level, verify_impl_level,
+    MIN_QUOTE_CHARS,
+    check_citation,
+    normalize_quote,
+    normalize_text,
+    verify_design_level,
+    verify_impl_level,
 )
 from d2kbench.judge.prompts import criteria_texts
 from d2kbench.judge.sourcelines import BLANK, CODE, COMMENT, DOCSTRING, SourceFile, classify_lines, numbered_listing
@@ -75,49 +88,49 @@ def test_out_of_range_lines_fail(files, start, end, why):
 
 def test_range_past_the_last_line_fails(files, expert):
     n = len(expert.lines)
-    assert "not a valid inclusive range" in check_citation(CodeCitation(file="solution.py", start_line=n - 1,
+    assert "not a valid inclusive range" in check_citation(CodeCitation(code="", file="solution.py", start_line=n - 1,
                                                                         end_line=n + 1, supports="x"), files)
 
 
 def test_a_comment_line_fails(files):
     k = text_line(expert_path(), "# P = a I + b A + c A^2")
-    msg = check_citation(CodeCitation(file="solution.py", start_line=k, end_line=k, supports="q_composition"), files)
+    msg = check_citation(CodeCitation(code="", file="solution.py", start_line=k, end_line=k, supports="q_composition"), files)
     assert f"line {k} is a comment" in msg
 
 
 def test_a_docstring_fails(files):
     k = text_line(expert_path(), "L1 -- Gram form with one fixed restart")
-    msg = check_citation(CodeCitation(file="solution.py", start_line=k, end_line=k + 3, supports="q_composition"),
+    msg = check_citation(CodeCitation(code="", file="solution.py", start_line=k, end_line=k + 3, supports="q_composition"),
                          files)
     assert "docstring" in msg
 
 
 def test_a_range_that_swallows_a_docstring_fails(files):
     tree_start = text_line(expert_path(), "def _accumulate_state(")
-    msg = check_citation(CodeCitation(file="solution.py", start_line=tree_start, end_line=tree_start + 16,
+    msg = check_citation(CodeCitation(code="", file="solution.py", start_line=tree_start, end_line=tree_start + 16,
                                       supports="q_composition"), files)
     assert "docstring" in msg
 
 
 def test_a_blank_line_fails(files, expert):
     k = next(i for i, line in enumerate(expert.lines, 1) if not line.strip() and expert.kind(i) == BLANK)
-    assert "blank" in check_citation(CodeCitation(file="solution.py", start_line=k, end_line=k, supports="x"), files)
+    assert "blank" in check_citation(CodeCitation(code="", file="solution.py", start_line=k, end_line=k, supports="x"), files)
 
 
 def test_a_range_padded_with_comments_fails():
     src = "x = 1\n" + "# note\n" * 6 + "y = 2\n"
-    msg = check_citation(CodeCitation(file="s.py", start_line=1, end_line=8, supports="p"),
+    msg = check_citation(CodeCitation(code="", file="s.py", start_line=1, end_line=8, supports="p"),
                          {"s.py": SourceFile("s.py", src)})
     assert "only 2 of 8 lines are executable" in msg
 
 
 def test_a_range_too_long_fails(files):
-    assert "at most 40" in check_citation(CodeCitation(file="solution.py", start_line=100, end_line=160, supports="x"),
+    assert "at most 40" in check_citation(CodeCitation(code="", file="solution.py", start_line=100, end_line=160, supports="x"),
                                           files)
 
 
 def test_a_file_that_was_not_judged_fails(files):
-    assert "not a judged file" in check_citation(CodeCitation(file="expert.py", start_line=70, end_line=70,
+    assert "not a judged file" in check_citation(CodeCitation(code="", file="expert.py", start_line=70, end_line=70,
                                                               supports="x"), files)
 
 
@@ -156,7 +169,8 @@ def test_nonzero_score_needs_evidence_and_zero_needs_none(files):
 def test_straightforward_solution_lines():
     sf = {"solution.py": SourceFile("solution.py", straightforward_path().read_text())}
     k = text_line(straightforward_path(), "Bm = _bgemm(A, A, alpha=c, c=A, beta=b)")
-    ok = impl("L2", [cite(k, k, "batched_fused_gemm")], realised=["batched_fused_gemm"], score=40)
+    ok = impl("L2", [cite(k, k, "batched_fused_gemm", source=straightforward_path())], realised=["batched_fused_gemm"],
+              score=40)
     assert verify_impl_level("L2", ok, PROPERTIES["L2"], sf).ok
 
 

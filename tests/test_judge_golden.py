@@ -13,11 +13,20 @@ import json
 import os
 
 import pytest
+from agents_fakes.fake_provider import FakeProvider
 from test_judge_support import (
-    GOLDEN, PROPERTIES, cite, expert_path, expert_verdict, level, quote, straightforward_path, text_line, verdict,
+    GOLDEN,
+    PROPERTIES,
+    cite,
+    expert_path,
+    expert_verdict,
+    level,
+    quote,
+    straightforward_path,
+    text_line,
+    verdict,
 )
 
-from d2kbench.agents.fake_provider import FakeProvider
 from d2kbench.judge.runner import JudgeConfig, judge
 from d2kbench.judge.targets import design_from_file, impl_from_solution
 from d2kbench.store import Store
@@ -28,20 +37,23 @@ GOLDEN_FILE = GOLDEN / "judge_muon.json"
 def straightforward_verdicts() -> tuple[dict, dict]:
     """(first answer, repaired answer) for the straightforward port: no Gram-side composition,
     batched GEMMs with fused epilogues, FP32 norm, autotuned tiles; the first answer cites the
-    module docstring for the tiles (fails), the repair cites the autotune decorator."""
+    module docstring for the tiles (fails), the repair cites the autotune configurations that
+    ``_gemm_configs`` returns (the decorator line alone would not be evidence)."""
     p = straightforward_path()
     epi_a, epi_b = text_line(p, "acc = acc * alpha"), text_line(p, "acc += beta * c.to(tl.float32)")
     step = text_line(p, "Bm = _bgemm(A, A, alpha=c, c=A, beta=b)")
     norm = text_line(p, "scale = 1.0 / (tl.sqrt(tl.load(ss_ptr + batch)) * norm_scale + 1e-6)")
-    tune = text_line(p, "@triton.autotune(configs=_gemm_configs()")
+    tune = text_line(p, 'triton.Config({"BM": 128, "BN": 128, "BK": 64, "GROUP": 8}, num_warps=8, num_stages=3)')
     l1 = level([], [], PROPERTIES["L1"], 0, "Step-wise rectangular recurrence: q_composition, fixed_restart missing.")
-    l2 = level([cite(epi_a, epi_b, "batched_fused_gemm"), cite(step, step, "batched_fused_gemm"),
-                cite(norm, norm + 1, "fp32_only_in_norm")], ["batched_fused_gemm", "fp32_only_in_norm"],
+    l2 = level([cite(epi_a, epi_b, "batched_fused_gemm", source=p), cite(step, step, "batched_fused_gemm", source=p),
+                cite(norm, norm + 1, "fp32_only_in_norm", source=p)], ["batched_fused_gemm", "fp32_only_in_norm"],
                ["x_fixed_in_segment"], 35,
                "Fused scale-add epilogues in batched launches; FP32 only in the norm; X is rewritten every step.")
-    bad = level([cite(1, 6, "tuned_tiles")], ["tuned_tiles"], ["symmetric_triangle"], 25, "Autotuned tiles only.")
-    good = level([cite(tune, tune + 1, "tuned_tiles")], ["tuned_tiles"], ["symmetric_triangle"], 25,
-                 "Autotuned tiles with grouped order; no symmetric products.")
+    bad = level([cite(1, 6, "tuned_tiles", code="Autotuned GEMM tiles")], ["tuned_tiles"], ["symmetric_triangle"],
+                25, "Autotuned tiles only.")
+    good = level([cite(tune - 1, tune + 3, "tuned_tiles", source=p,
+                       code='triton.Config({"BM": 128, "BN": 128, "BK": 64, "GROUP": 8}, num_warps=8, num_stages=3)')],
+                 ["tuned_tiles"], ["symmetric_triangle"], 25, "Autotuned tiles with grouped order; no symmetric products.")
     return verdict(l1, l2, bad, "A competent direct port."), verdict(l1, l2, good, "A competent direct port.")
 
 

@@ -8,15 +8,27 @@ import json
 import shutil
 
 import pytest
+from agents_fakes.fake_provider import FakeProvider
 from test_judge_support import (
-    PROPERTIES, cite, design_fixture, expert_path, expert_verdict, level, quote, straightforward_path, text_line,
-    verdict, zero_verdict,
+    PROPERTIES,
+    cite,
+    design_fixture,
+    expert_path,
+    expert_verdict,
+    level,
+    quote,
+    straightforward_path,
+    text_line,
+    verdict,
+    zero_verdict,
 )
 
-from d2kbench.agents.fake_provider import FakeProvider
 from d2kbench.judge.runner import JudgeConfig, JudgeError, judge, judge_samples
 from d2kbench.judge.targets import (
-    TargetError, design_from_file, impl_from_run, impl_from_solution,
+    TargetError,
+    design_from_file,
+    impl_from_run,
+    impl_from_solution,
 )
 from d2kbench.store import Store
 
@@ -42,16 +54,32 @@ def expert_subject():
     return impl_from_solution(TASK, "expert", check="trust")
 
 
+def add_candidate(store: Store, tmp_path, run_id: str, source, n: int, ms: float, eligible: bool = True,
+                  speedup: float = 1.2345) -> int:
+    """One candidate of a run: a snapshot copy of ``source`` and a complete evaluation of it
+    (one workload, ``ms`` per call; failed when not ``eligible``)."""
+    from d2kbench.harness.timing import summarize
+    from d2kbench.judge.cache import sha256_text
+    from d2kbench.results import SolutionRun, Status, WorkloadResult
+
+    snap = tmp_path / f"{run_id}-{n:03d}.py"
+    shutil.copy(source, snap)
+    sha = sha256_text(snap.read_bytes())
+    ev = f"ev-{run_id}-{n}"
+    sol = SolutionRun(solution=str(snap), path=str(snap), sha256=sha, role="candidate")
+    res = WorkloadResult(workload="w1", status=Status.OK if eligible else Status.INCORRECT,
+                         timing=summarize([ms] * 3, "events") if eligible else None)
+    store.record(ev, TASK, sol, res, "cpu", {"device": "cpu"}, "2026-11-29T12:00:00+00:00")
+    store.finish_evaluation(ev)
+    return store.add_candidate(run_id, turn=3 + n, solution_sha256=sha, path=str(snap), eval_id=ev, eligible=eligible,
+                               geomean_speedup=speedup if eligible else None)
+
+
 def add_run(store: Store, tmp_path, run_id: str, source, eligible: bool = True, speedup: float = 1.2345) -> None:
-    """A finished run with one candidate (a snapshot copy of ``source``)."""
+    """A finished run with one candidate (a snapshot copy of ``source``) at turn 3."""
     store.start_run(run_id, task=TASK, model="agent-model", backend="openai", guidance="L1+L2+L3", seed=0,
                     budget_turns=10, config={})
-    snap = tmp_path / f"{run_id}-001.py"
-    shutil.copy(source, snap)
-    from d2kbench.judge.cache import sha256_text
-
-    cid = store.add_candidate(run_id, turn=3, solution_sha256=sha256_text(snap.read_bytes()), path=str(snap),
-                              eval_id="ev1", eligible=eligible, geomean_speedup=speedup)
+    cid = add_candidate(store, tmp_path, run_id, source, 0, 1.0, eligible, speedup)
     store.finish_run(run_id, status="finished", final_candidate=cid if eligible else None, exit_reason="completed")
 
 
@@ -70,7 +98,7 @@ def test_second_call_is_served_from_the_cache(store, expert_subject):
     row = store.verdict_rows()[0]
     assert (row["kind"], row["target"], row["model"], row["backend"], row["status"]) == (
         "impl", expert_subject.target, "fake-model", "openai", "judged")
-    assert row["prompt_version"] == "judge_system@1+judge_impl@1+judge_repair@1" and row["rubric_version"] == "1"
+    assert row["prompt_version"] == "judge_system@1+judge_impl@2+judge_repair@1" and row["rubric_version"] == "1"
     assert row["input_hash"] == first.input_hash and (row["l1"], row["l2"], row["l3"], row["js"]) == (90, 85, 80, 85)
 
 
@@ -101,14 +129,17 @@ def test_run_target_and_runtime_never_reaches_the_judge(store, tmp_path):
     add_run(store, tmp_path, "run-good", expert_path(), speedup=1.2345)
     add_run(store, tmp_path, "run-twin", expert_path(), speedup=1.2345)
     subject = impl_from_run(store, "run-go")  # unique prefix
-    assert subject.target == "run-good" and subject.meta["turn"] == 3
+    from d2kbench.judge.cache import sha256_text
+
+    expert_sha = sha256_text(expert_path().read_bytes())
+    assert subject.target == expert_sha and subject.meta["turn"] == 3 and subject.meta["run_id"] == "run-good"
     with FakeProvider({"steps": [{"json": expert_verdict()}]}) as fp:
         rec = judge(subject, cfg_for(fp), store=store)
         body = json.dumps(fp.requests[0].body)
         twin = judge(impl_from_run(store, "run-twin"), cfg_for(fp), store=store)
         assert len(fp.model_requests()) == 1, "the same candidate of another run reuses the cached verdict"
-    assert rec.js == 85.0 and twin.cached and twin.target == "run-twin"
-    assert {r["target"] for r in store.verdict_rows()} == {"run-good", "run-twin"}
+    assert rec.js == 85.0 and twin.cached and twin.target == expert_sha
+    assert [r["target"] for r in store.verdict_rows()] == [expert_sha]  # one verdict of one content hash
     user = fp.requests[0].body["messages"][1]["content"]
     assert "1.2345" not in body and "speedup" not in user.lower() and "geomean" not in user.lower()
     first_code = text_line(expert_path(), "POLAR_EXPRESS_COEFFS: tuple")
@@ -119,6 +150,26 @@ def test_run_target_and_runtime_never_reaches_the_judge(store, tmp_path):
         impl_from_run(store, "nope")
     with pytest.raises(TargetError, match="ambiguous"):
         impl_from_run(store, "run-")
+
+
+def test_the_judge_targets_the_scoring_rules_final_candidate(store, tmp_path):
+    """Own-evaluation speedups 1.30 vs 1.28, latencies 1.00 vs 0.98 ms: the final candidate is
+    the 0.98 ms one, whatever the speedups say, and the judge assesses exactly that source."""
+    from d2kbench.judge.cache import sha256_text
+
+    store.start_run("run-two", task=TASK, model="agent-model", backend="openai", guidance="none", seed=0,
+                    budget_turns=10, config={})
+    add_candidate(store, tmp_path, "run-two", straightforward_path(), 1, 1.00, speedup=1.30)
+    fast = add_candidate(store, tmp_path, "run-two", expert_path(), 2, 0.98, speedup=1.28)
+    store.finish_run("run-two", status="finished", final_candidate=fast, exit_reason="completed")
+    subject = impl_from_run(store, "run-two")
+    assert subject.meta["candidate_id"] == fast and subject.target == sha256_text(expert_path().read_bytes())
+    # a store that records the other candidate (the old rule: highest own-evaluation speedup) is an error
+    store.conn.execute("UPDATE runs SET final_candidate = ? WHERE run_id = 'run-two'", (fast - 1,))
+    store.conn.commit()
+    with pytest.raises(TargetError, match=f"records candidate {fast - 1} as the final answer, but the "
+                                          f"final-selection rule .* selects {fast}"):
+        impl_from_run(store, "run-two")
 
 
 def test_repair_round_replaces_only_failed_levels(store, expert_subject):
@@ -230,8 +281,8 @@ def test_design_judge_verifies_quotes_against_the_design_only(store, tmp_path):
 
 
 def _record_eval(store: Store, path, statuses: dict[str, str], eval_id: str) -> None:
-    from d2kbench.harness.results import SolutionRun, Status, WorkloadResult
     from d2kbench.judge.cache import sha256_text
+    from d2kbench.results import SolutionRun, Status, WorkloadResult
 
     run = SolutionRun(solution=str(path), path=str(path), sha256=sha256_text(path.read_bytes()), role="candidate")
     for wl, status in statuses.items():
@@ -257,7 +308,7 @@ def test_solution_eligibility_from_the_store(store, tmp_path):
 def test_solution_eligibility_by_evaluating(monkeypatch, tmp_path):
     """``--check evaluate`` asks the harness (stubbed here: a real CPU evaluation takes ~40 s)."""
     import d2kbench.harness.evaluate as harness
-    from d2kbench.harness.results import Evaluation, SolutionRun, Status, WorkloadResult
+    from d2kbench.results import Evaluation, SolutionRun, Status, WorkloadResult
 
     cand = tmp_path / "cand.py"
     cand.write_text("def run(G, steps=5):\n    return G\n")

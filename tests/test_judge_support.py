@@ -37,8 +37,26 @@ def level(evidence=(), realised=(), missing=(), score=0.0, rationale="rationale"
             "score": score}
 
 
-def cite(start: int, end: int, supports: str, file: str = "solution.py") -> dict:
-    return {"file": file, "start_line": start, "end_line": end, "supports": supports}
+def first_statement(path: Path, start: int, end: int) -> str:
+    """The first line of ``path`` in ``start..end`` that starts a statement, stripped and
+    without a trailing comment (the key code a careful judge quotes); "" for an empty range.
+    Read as plain text, independent of the verifier."""
+    skip = ("#", "@", "def ", "class ", "import ", "from ", '"' * 3, "'" * 3)
+    lines = path.read_text().split("\n")
+    for line in lines[max(start, 1) - 1:max(end, 0)]:
+        text = line.split("  #", 1)[0].strip()
+        if text and not text.startswith(skip):
+            return text
+    return ""
+
+
+def cite(start: int, end: int, supports: str, file: str = "solution.py", code: str | None = None,
+         source: Path | None = None) -> dict:
+    """A citation of lines ``start..end``; its key code defaults to the first statement of those
+    lines in ``source`` (default: the Muon expert)."""
+    if code is None:
+        code = first_statement(source or expert_path(), start, end)
+    return {"file": file, "start_line": start, "end_line": end, "code": code, "supports": supports}
 
 
 def quote(text: str, supports: str) -> dict:

@@ -100,13 +100,24 @@ def test_symmetric_products(use_tma):
     R = expert._sym_product(X, None, cfg)
     R_ref = X.float() @ X.float().mT
     torch.testing.assert_close(R.float(), R_ref, atol=2e-3, rtol=2e-3)
-    assert torch.equal(R, R.mT)
+    _assert_mirrored(R, cfg.sym_block)
     a, b, c = 1.5, -0.5, 0.25
     P = expert._sym_product(R, R, cfg, alpha=c, C=R, beta=b, diag=a)
     Rf = R.float()
     P_ref = c * Rf @ Rf + b * Rf + a * torch.eye(64)
     torch.testing.assert_close(P.float(), P_ref, atol=5e-3, rtol=2e-3)
-    assert torch.equal(P, P.mT)
+    _assert_mirrored(P, cfg.sym_block)
+
+
+def _assert_mirrored(R: torch.Tensor, block: int) -> None:
+    """Off-diagonal tiles are stored with their transpose, so they are bit-for-bit symmetric;
+    a diagonal tile is computed once, and its symmetry is that of the dot product's accumulation
+    order (NumPy's BLAS kernel under the interpreter: X[35] . X[45] and X[45] . X[35] differed by
+    one FP16 subnormal step on one CPU), so within one unit in the last place there."""
+    tile = torch.arange(R.shape[-1]) // block
+    off = (tile[:, None] != tile[None, :]).expand_as(R)
+    assert torch.equal(R[off], R.mT[off])
+    torch.testing.assert_close(R.float(), R.mT.float(), atol=2 ** -24, rtol=2 ** -10)
 
 
 def test_flop_counts():

@@ -9,11 +9,11 @@ import types
 import pytest
 import torch
 
-from d2kbench.harness.evaluate import Prefetch, _Expected
-from d2kbench.harness.inputs import make_args
-from d2kbench.harness.phases import SOLUTION_PHASES, PhaseClock, harness_seconds, phase
-from d2kbench.harness.results import Status
-from d2kbench.integrity.parent import EXTRA_CALL_ORACLE_SLICES, Checker
+from d2kbench.checking.expected import Expected, Prefetch
+from d2kbench.checking.inputs import make_args
+from d2kbench.checking.verdict import EXTRA_CALL_ORACLE_SLICES, Checker
+from d2kbench.phases import SOLUTION_PHASES, PhaseClock, harness_seconds, phase
+from d2kbench.results import Status
 
 
 def test_nested_phases_are_exclusive():
@@ -52,8 +52,27 @@ def test_harness_seconds_excludes_the_solutions_own_calls():
     assert harness_seconds(20.0, phases) == pytest.approx(5.0)
 
 
-def test_evaluation_reports_phases_that_add_up_to_the_wall_time(evaluate_cpu):
-    ev = evaluate_cpu("straightforward", baseline="reference", integrity=True)
+@pytest.fixture(scope="module")
+def prefetch_spied_evaluation(evaluate_cpu):
+    """One evaluation (Muon straightforward against the reference, integrity on) with
+    ``Prefetch.take`` spied on: ``(evaluation, [whether each take returned prefetched values])``.
+    Shared by the tests below (the interpreter needs seconds per call)."""
+    taken = []
+    original = Prefetch.take
+
+    def spy(self, workload):
+        got = original(self, workload)
+        taken.append(got is not None)
+        return got
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Prefetch, "take", spy)
+        ev = evaluate_cpu("straightforward", baseline="reference", integrity=True)
+    return ev, taken
+
+
+def test_evaluation_reports_phases_that_add_up_to_the_wall_time(prefetch_spied_evaluation):
+    ev, _ = prefetch_spied_evaluation
     assert ev.candidate.results[0].status is Status.OK, ev.candidate.results[0].cause
     p = ev.phases_s
     assert sum(p.values()) == pytest.approx(ev.wall_s, rel=1e-6)
@@ -93,7 +112,7 @@ def test_checker_computes_expected_values_once_per_input_list(muon):
     first, _ = checker.expected(pristine)
     again, _ = checker.expected(pristine)
     assert counting.runs == 1 and first is again
-    adopted = _Expected(muon, ref, wl, make_args(ref, muon.spec, wl, 8, "cpu"))
+    adopted = Expected(muon, ref, wl, make_args(ref, muon.spec, wl, 8, "cpu"))
     adopted.reference()
     checker.adopt(adopted.pristine, adopted)
     checker.expected(adopted.pristine)
@@ -105,7 +124,7 @@ def test_extra_calls_sample_fewer_oracle_slices(muon):
     ref = muon.reference_module()
     tol = next(t for t in wl.checks_for("out", muon.spec.outputs[0].checks) if t.against == "oracle")
     assert tol.sample.count == 2
-    full = _Expected(muon, ref, wl, make_args(ref, muon.spec, wl, 1, "cpu"))
+    full = Expected(muon, ref, wl, make_args(ref, muon.spec, wl, 1, "cpu"))
     (axis, idx), outs = full.oracle(tol)
     assert axis == "B" and len(idx) == 2 and outs[0].shape[0] == 2
     light = Checker(muon, ref, wl)._expected(make_args(ref, muon.spec, wl, 1, "cpu"))
@@ -142,23 +161,14 @@ def test_prefetch_stops_on_a_failure_and_holds_nothing(muon, monkeypatch):
     def boom(self):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (test)")
 
-    monkeypatch.setattr(_Expected, "precompute", boom)
+    monkeypatch.setattr(Expected, "precompute", boom)
     pre = Prefetch(muon, muon.reference_module(), [wl], "cpu", calls=3, budget_bytes=1 << 30)
     assert pre.step() is False and pre.step() is False
     assert pre.take(wl) is None and pre.held_bytes == 0
 
 
-def test_evaluation_checks_against_calls_prefetched_while_workers_start(evaluate_cpu, monkeypatch):
-    taken = []
-    original = Prefetch.take
-
-    def spy(self, workload):
-        got = original(self, workload)
-        taken.append(got is not None)
-        return got
-
-    monkeypatch.setattr(Prefetch, "take", spy)
-    ev = evaluate_cpu("straightforward", baseline="reference", integrity=True)
+def test_evaluation_checks_against_calls_prefetched_while_workers_start(prefetch_spied_evaluation):
+    ev, taken = prefetch_spied_evaluation
     assert ev.candidate.results[0].status is Status.OK and ev.baseline.results[0].status is Status.OK
     # the 3 correctness calls (not the re-check after timing) come from the prefetch: the workers
     # take seconds to import torch, the smoke calls milliseconds to prepare

@@ -1,4 +1,4 @@
-"""S_perf, fast_p and task speedups on hand-computed examples (SPEC.md section 3)."""
+"""S_perf, fast_p and task speedups on hand-computed examples (docs/protocol.md, "Scores")."""
 
 from __future__ import annotations
 
@@ -7,8 +7,14 @@ import math
 import pytest
 
 from d2kbench.scoring.metrics import (
-    FAILED_TASK_SCORE, FAST_P_THRESHOLDS, MissingBaselineError, ScoringError, fast_p, overall_performance_score,
-    performance_score, task_speedup,
+    FAILED_TASK_SCORE,
+    FAST_P_THRESHOLDS,
+    MissingBaselineError,
+    ScoringError,
+    fast_p,
+    overall_performance_score,
+    performance_score,
+    task_speedup,
 )
 from d2kbench.scoring.speedup import geomean
 

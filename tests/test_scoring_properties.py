@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from d2kbench.scoring.baseline import parse_baseline, resolve_baseline
 from d2kbench.scoring.metrics import fast_p, overall_performance_score, performance_score, task_speedup
 from d2kbench.scoring.records import CandidateRecord, RunRecord
-from d2kbench.scoring.runs import score_runs
+from d2kbench.scoring.runs import TaskSet, score_runs
 from d2kbench.scoring.trajectory import trajectory
 
 latency = st.floats(min_value=1e-3, max_value=1e4, allow_nan=False, allow_infinity=False)
@@ -51,7 +51,7 @@ def scaled_runs(runs, c):
 
 def sheet_of(base, runs):
     b = resolve_baseline(parse_baseline("reference"), list(base), {t: {"reference": v} for t, v in base.items()}, [])
-    return score_runs(runs, b)
+    return score_runs(runs, b, TaskSet(default=sorted({r.task for r in runs}), source="test"))
 
 
 @given(latencies(), latencies(), scale)

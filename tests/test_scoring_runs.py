@@ -7,7 +7,7 @@ import pytest
 from d2kbench.scoring.baseline import BaselineSpec, parse_baseline, resolve_baseline
 from d2kbench.scoring.metrics import MissingBaselineError, ScoringError
 from d2kbench.scoring.records import CandidateRecord, RunRecord
-from d2kbench.scoring.runs import group_score, score_run, score_runs
+from d2kbench.scoring.runs import TaskSet, group_score, score_run, score_runs
 from d2kbench.scoring.selection import first_correct, select_final
 
 BASE = {"a": 4.0, "b": 16.0}
@@ -101,21 +101,23 @@ def test_score_runs_penalises_failures_and_handles_missing_baselines():
         run("3", "t3", "m", "none", [cand(3, 1, (4.0, 16.0))]),  # t3 has no baseline
         run("d", "t1", "m", "design", []),                         # independent design: never scored
     ]
+    tasks = TaskSet(default=["t1", "t2", "t3"], source="test")
     base = resolve_baseline(parse_baseline("reference"), ["t1", "t2", "t3"],
                             {"t1": {"reference": BASE}, "t2": {"reference": BASE}}, [])
     with pytest.raises(MissingBaselineError, match="task 't3': no recorded timings of the reference") as e:
-        score_runs(runs, base)
+        score_runs(runs, base, tasks)
     assert set(e.value.missing) == {"t3"}
-    sheet = score_runs(runs, base, missing="exclude")
-    assert sheet.excluded == {"t3": "no recorded timings of the reference solution on this hardware"}
+    sheet = score_runs(runs, base, tasks, missing="fail")
+    assert sheet.no_baseline == {"t3": "no recorded timings of the reference solution on this hardware"}
     g = sheet.group("m", "none")
-    assert g.tasks == ["t1", "t2"] and g.n_correct == 1
-    assert g.s_perf == pytest.approx((4.0 * 0.5) ** 0.5)
-    assert g.fast_p == {1.0: 0.5, 1.5: 0.5, 2.0: 0.5}
+    # t3 is declared: without a baseline it counts as failed, it does not leave the denominator
+    assert g.tasks == ["t1", "t2", "t3"] and g.n_correct == 1 and g.missing == {"t3": "no baseline"}
+    assert g.s_perf == pytest.approx((4.0 * 0.5 * 0.5) ** (1 / 3))
+    assert g.fast_p == {1.0: 1 / 3, 1.5: 1 / 3, 2.0: 1 / 3}
     assert g.geomean_speedup is None  # not every task correct
     assert sheet.group("m", "design") is None
-    with pytest.raises(ScoringError, match="'error' or 'exclude'"):
-        score_runs(runs, base, missing="skip")
+    with pytest.raises(ScoringError, match="'error' or 'fail'"):
+        score_runs(runs, base, tasks, missing="skip")
 
 
 def test_an_eligible_candidate_off_the_baseline_workloads_is_an_error():
@@ -128,8 +130,10 @@ def test_group_score_rejects_two_runs_of_one_task():
     base = BASE
     rs = [score_run(run(r, "t1", "m", "none", [cand(1, 1, (1.0, 1.0))]), base) for r in ("r1", "r2")]
     with pytest.raises(ScoringError, match="task 't1' has more than one run \\(r1, r2\\)"):
-        group_score("m", "none", rs)
-    assert group_score("m", "none", rs[:1]).s_perf == pytest.approx(8.0)
+        group_score("m", "none", rs, ["t1"])
+    assert group_score("m", "none", rs[:1], ["t1"]).s_perf == pytest.approx(8.0)
+    with pytest.raises(ScoringError, match="run r1 is of task 't1', which is not declared"):
+        group_score("m", "none", rs[:1], ["t2"])
 
 
 def test_overall_across_models():
@@ -137,7 +141,7 @@ def test_overall_across_models():
     runs = [run("1", "t1", "m1", "none", [cand(1, 1, (2.0, 8.0))]),      # 2
             run("2", "t1", "m2", "none", [cand(2, 1, (0.5, 2.0))]),      # 8
             run("3", "t1", "m2", "L1", [cand(3, 1, (4.0, 16.0))])]       # 1
-    sheet = score_runs(runs, base)
+    sheet = score_runs(runs, base, TaskSet(default=["t1"], source="test"))
     assert sheet.overall("none") == pytest.approx(4.0)
     assert sheet.overall("L1") == 1.0
     assert sheet.overall("L1+L2") is None

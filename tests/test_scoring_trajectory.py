@@ -7,7 +7,12 @@ import pytest
 from d2kbench.scoring.metrics import ScoringError
 from d2kbench.scoring.runs import RunScore
 from d2kbench.scoring.trajectory import (
-    FALLBACK_SCORE, Trajectory, overall_trajectory, task_trajectory, trajectory, turn_grid,
+    FALLBACK_SCORE,
+    Trajectory,
+    overall_trajectory,
+    task_trajectory,
+    trajectory,
+    turn_grid,
 )
 
 
@@ -47,8 +52,10 @@ def test_model_trajectory_is_the_geomean_over_tasks():
     assert tr.final == 2.0
     with pytest.raises(ScoringError, match="several runs of t1"):
         trajectory(runs + [rs("t1", [])])
-    with pytest.raises(ScoringError, match="no runs"):
+    with pytest.raises(ScoringError, match="no tasks"):
         trajectory([])
+    with pytest.raises(ScoringError, match="undeclared task\\(s\\) t2"):
+        trajectory(runs, tasks=["t1"])
 
 
 def test_turn_grid_covers_late_submissions():

@@ -7,9 +7,9 @@ import shutil
 import pytest
 import yaml
 
+from d2kbench.harness.validate import validate_task
 from d2kbench.tasks import TaskFileError, list_tasks, load_task
 from d2kbench.tasks.formula import FormulaError, evaluate_formula, formula_names
-from d2kbench.tasks.validate import validate_task
 
 
 @pytest.fixture
@@ -77,6 +77,31 @@ def test_workload_axes_must_match_arguments(task_copy):
         load_task(task_copy)
 
 
+@pytest.mark.parametrize("value,problem", [(-4, "cannot be negative"), (0, "must be >= 1")])
+def test_axis_values_must_be_sizes(task_copy, value, problem):
+    _edit_yaml(task_copy / "task.yaml", lambda d: d["smoke_workloads"][0]["axes"].update(M=value))
+    with pytest.raises(TaskFileError, match=f"task 'muon_newton_schulz': workload 'smoke_wide_2x32x96': "
+                                            f"axis 'M' = {value}: .*{problem}"):
+        load_task(task_copy)
+
+
+def test_empty_axes_allow_zero_and_must_name_axes(task_copy):
+    def zero(d):
+        d["empty_axes"] = ["B"]
+        d["smoke_workloads"][0]["axes"]["B"] = 0
+    _edit_yaml(task_copy / "task.yaml", zero)
+    assert load_task(task_copy).spec.smoke_workloads[0].axes["B"] == 0
+    _edit_yaml(task_copy / "task.yaml", lambda d: d.update(empty_axes=["Q"]))
+    with pytest.raises(TaskFileError, match=r"empty_axes names \['Q'\]"):
+        load_task(task_copy)
+
+
+def test_output_layout_must_be_sizes_on_every_workload(task_copy):
+    _edit_yaml(task_copy / "task.yaml", lambda d: d["outputs"][0].update(strides=["M * N", "N", "1 - N // 2"]))
+    with pytest.raises(TaskFileError, match=r"workload '\w+': output 'out' strides entry '1 - N // 2' = -\d+"):
+        load_task(task_copy)
+
+
 def test_sol_formula_with_unknown_name(task_copy):
     _edit_yaml(task_copy / "task.yaml", lambda d: d["sol"]["reference"].update(bytes="4 * B * M * K"))
     with pytest.raises(TaskFileError, match=r"sol reference.bytes uses unknown names \['K'\]"):
@@ -109,7 +134,8 @@ def test_rubric_must_cover_all_levels(task_copy):
 
 def test_template_signature_must_equal_reference(task_copy):
     tpl = task_copy / "template.py"
-    tpl.write_text(tpl.read_text().replace("def run(G: torch.Tensor, steps: int = 5)", "def run(G: torch.Tensor, steps: int = 4)"))
+    tpl.write_text(tpl.read_text().replace("def run(G: torch.Tensor, steps: int = 5)",
+                                           "def run(G: torch.Tensor, steps: int = 4)"))
     problems = validate_task(task_copy, run_smoke=False)
     assert any("template.py: run: signature" in p for p in problems), problems
 
@@ -119,7 +145,8 @@ def test_smoke_workload_must_run(task_copy):
     ref.write_text(ref.read_text().replace('return {"G": G.to(torch.bfloat16).contiguous(), "steps": NUM_STEPS}',
                                            'return {"G": G.to(torch.float16).contiguous(), "steps": NUM_STEPS}'))
     problems = validate_task(task_copy)
-    assert any("smoke workload smoke_wide_2x32x96" in p and "dtype torch.float16, expected bfloat16" in p for p in problems), problems
+    assert any("smoke workload smoke_wide_2x32x96" in p and "dtype torch.float16, expected bfloat16" in p
+               for p in problems), problems
 
 
 def test_missing_expert_is_reported(task_copy):
@@ -142,3 +169,17 @@ def test_formulas():
         evaluate_formula("__import__('os').system('true')", {})
     with pytest.raises(FormulaError, match="unknown name 'K'"):
         evaluate_formula("K * 2", {"M": 1})
+
+
+@pytest.mark.parametrize("task_id,container,problem", [
+    ("muon_newton_schulz", "Tensor", None), ("muon_newton_schulz", "tuple", "is returned bare"),
+    ("muon_newton_schulz", "list", "is returned bare"),
+    ("per_token_group_quant_fp8", "tuple", None), ("per_token_group_quant_fp8", "list", "(x_q, x_s) are returned as a tuple"),
+    ("per_token_group_quant_fp8", "Tensor", "returned as a tuple"),
+    ("kv_cache_fp8_store", "NoneType", None), ("kv_cache_fp8_store", "tuple", None),
+    ("kv_cache_fp8_store", "list", "returns None"),
+])
+def test_output_container_follows_the_number_of_outputs(task_id, container, problem):
+    spec = load_task(task_id).spec
+    got = spec.container_problem(container)
+    assert got is None if problem is None else problem in got, got

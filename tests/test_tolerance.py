@@ -9,10 +9,10 @@ from __future__ import annotations
 import itertools
 
 import pytest
-
 from conftest import DEVICES
+
 from d2kbench.harness import calibrate as cal
-from d2kbench.harness.results import Status
+from d2kbench.results import Status
 
 
 def test_probes_separate_on_smoke_workloads(muon, monkeypatch):

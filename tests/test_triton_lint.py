@@ -23,7 +23,7 @@ import pytest
 from typer.testing import CliRunner
 
 from d2kbench.cli import app
-from d2kbench.integrity.evil import EVIL_DIR
+from d2kbench.harness.evil import EVIL_DIR
 from d2kbench.integrity.triton_lint import check_files, check_module
 from d2kbench.tasks.loader import SUITE_DIR, import_file
 
@@ -180,13 +180,24 @@ def test_lint_cli_reports_triton_findings(tmp_path):
     assert res.exit_code == 0, res.output
 
 
-def test_lint_refuses_files_it_cannot_review(tmp_path):
-    res = CliRunner().invoke(app, ["lint", str(tmp_path / "absent.py")])
-    assert res.exit_code == 2 and "no such file" in res.output
+def test_lint_reviews_every_file_and_reports_the_unreviewable_ones(tmp_path):
+    absent = tmp_path / "absent.py"
     broken = tmp_path / "broken.py"
     broken.write_text("def run(x:\n    return x\n")
-    res = CliRunner().invoke(app, ["lint", str(broken)])
-    assert res.exit_code == 2 and "SyntaxError" in res.output and "ok" not in res.output.split()
+    bad = tmp_path / "bad_solution.py"
+    bad.write_text(BAD + "\n\ndef run(x):\n    return x\n")
+    good = tmp_path / "good_solution.py"
+    good.write_text(GOOD + "\n\ndef run(x):\n    return x\n")
+    res = CliRunner().invoke(app, ["lint", str(absent), str(broken), str(bad), str(good)], env={"COLUMNS": "250"})
+    assert res.exit_code == 1, res.output
+    lines = res.output.splitlines()
+    assert lines.index(f"FAIL {absent}") < lines.index(f"FAIL {broken}") < lines.index(f"FAIL {bad}") \
+        < lines.index(f"ok {good}")
+    assert f"  unreadable: {absent}: No such file or directory" in lines
+    assert any(line.startswith(f"  syntax_error: {broken}:1: SyntaxError") for line in lines)
+    assert "triton_global" in res.output and "EPS" in res.output  # the file after the broken one
+    res = CliRunner().invoke(app, ["lint", "--no-triton", str(broken)])
+    assert res.exit_code == 1 and "syntax_error" in res.output and "ok" not in res.output.split()
 
 
 _COMPILE = textwrap.dedent('''

@@ -6,3 +6,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH="/tmp/site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 d2k() { python3 -m d2kbench.cli "$@"; }
+# The OS sandbox of solution workers: bubblewrap carried with its libraries in ./.sbx
+# (tools/device-sandbox.sh); refuse to evaluate without it.
+if [ -x .sbx/bwrap ]; then export D2K_BWRAP="$PWD/.sbx/bwrap"; fi
+export D2K_SANDBOX=require

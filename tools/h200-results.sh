@@ -9,9 +9,11 @@
 #               of the Muon expert issue             -> muon_newton_schulz.*
 #   part evil:  the evil-solution suite on the GPU      -> evil.*
 #   part evil_graph: its CUDA-graph cases only (graph_probe/*) -> evil_graph.*
+#   part sandbox: what bubblewrap allows on the machine (devtools/sandbox_probe.py) and the
+#               worker start-up with and without it (devtools/sandbox_startup.py) -> sandbox/*
 #   part tasks: d2k bench of every other task: expert, straightforward and the task's GPU
 #               alternatives (alt:NAME) vs the reference on all registered workloads, with the
-#               bars of issue 8 (expert >= straightforward, the bound-class bar, prefill expert
+#               performance bars of docs/timing.md (expert >= straightforward, the bound-class bar, prefill expert
 #               >= SDPA flash)                         -> tasks/<task>.*
 #               (one task only: TASKS="paged_decode_gqa" bash tools/h200-results.sh tasks)
 # Usage: bash tools/h200-results.sh core muon evil tasks
@@ -33,18 +35,22 @@ for part in "$@"; do
         --bar "expert/reference>=1.8" --bar "expert/straightforward>=1.5" \
         --json "$OUT/muon_newton_schulz.json" --markdown "$OUT/muon_newton_schulz.md" --store "$OUT/d2k.sqlite" \
         > /tmp/muon_bench.log 2>&1; echo "bench rc=$?"; tail -n 5 /tmp/muon_bench.log; cat "$OUT/muon_newton_schulz.md" ;;
+    sandbox)
+      mkdir -p "$OUT/sandbox"
+      python3 devtools/sandbox_probe.py --bwrap "${D2K_BWRAP:-bwrap}" --out "$OUT/sandbox/sandbox_probe.json" | tail -n 12
+      python3 devtools/sandbox_startup.py --device cuda --n 5 --out "$OUT/sandbox" | tail -n 8 ;;
     evil)
       timeout 200 python3 -m d2kbench.cli evil --device cuda --jobs 6 --json "$OUT/evil.json" --markdown "$OUT/evil.md" > /tmp/evil.log 2>&1; echo "evil rc=$?"; tail -n 60 "$OUT/evil.md" ;;
     evil_graph)
       timeout 120 python3 -m d2kbench.cli evil --device cuda -k graph_probe --json "$OUT/evil_graph.json" --markdown "$OUT/evil_graph.md" > /tmp/evil_graph.log 2>&1; echo "evil_graph rc=$?"; tail -n 8 "$OUT/evil_graph.md" ;;
     tasks)
       mkdir -p "$OUT/tasks"
-      for t in ${TASKS:-gqa_flash_prefill paged_decode_gqa kv_cache_fp8_store moe_align_block_size fused_moe_bf16 per_token_group_quant_fp8}; do
+      for t in ${TASKS:-$(python3 -c "from d2kbench.tasks import list_tasks; print(' '.join(t for t in list_tasks() if t != 'muon_newton_schulz'))")}; do
         alts=$(python3 -c "from d2kbench.tasks import load_task; print(' '.join('-s alt:' + a.name for a in load_task('$t').spec.alternatives if 'cuda' in a.devices))")
         extra=()
         [ "$t" = gqa_flash_prefill ] && extra=(--bar "expert/alt:sdpa_flash>=1.0")
         echo "--- $t ($(date -u +%H:%M:%S)): expert straightforward $alts"
-        timeout 300 python3 -m d2kbench.cli bench "$t" -s expert -s straightforward $alts --baseline reference --device cuda \
+        timeout "${TASK_TIMEOUT:-420}" python3 -m d2kbench.cli bench "$t" -s expert -s straightforward $alts --baseline reference --device cuda \
           --bar "expert/straightforward>=1.0" --bound-bar expert "${extra[@]}" \
           --json "$OUT/tasks/$t.json" --markdown "$OUT/tasks/$t.md" --store "$OUT/d2k.sqlite" > "/tmp/bench_$t.log" 2>&1
         echo "bench $t rc=$?"; tail -n 3 "/tmp/bench_$t.log"

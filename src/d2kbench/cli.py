@@ -11,15 +11,30 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from d2kbench.agents import commands as agents_commands
+from d2kbench.campaign import commands as campaign_commands
+from d2kbench.integrity import commands as integrity_commands
+from d2kbench.judge import commands as judge_commands
+from d2kbench.report import commands as report_commands
+from d2kbench.terminal import print_error
+
+# Imports inside functions: `d2k --help` and each command load only what that command needs (torch, the
+# harness, provider SDKs): start-up time.
+
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="D2K-Bench: evaluate Triton kernels written from expert designs.")
 console = Console()
 
 
+def _error(msg: str) -> None:
+    """Print an error message in red as plain text: never hard-wrapped (a path or a value stays on
+    one line, whatever the terminal width) and never read as rich markup (``[...]`` is kept)."""
+    print_error(console, msg)
+
+
 def _refuse(e: Exception) -> NoReturn:
     """Print a bad-input error (a KeyError's message without the quotes ``str`` adds) and exit 2."""
-    msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-    console.print(f"[red]{msg}[/red]", markup=True, highlight=False)
+    _error(e.args[0] if isinstance(e, KeyError) and e.args else str(e))
     raise typer.Exit(2) from None
 
 
@@ -38,8 +53,7 @@ def _task(task_id: str):
     try:
         return load_task(task_id)
     except TaskFileError as e:
-        console.print(f"[red]{e}[/red]")
-        raise typer.Exit(2) from None
+        _refuse(e)
 
 
 @app.command()
@@ -110,8 +124,8 @@ def validate(task: list[str] = typer.Argument(None, help="task ids (default: all
                                                   help="skip running the alternatives (alt:NAME) on the smoke workloads"),
              ) -> None:
     """Check every task folder against the task contract (alternatives included)."""
+    from d2kbench.harness.validate import validate_task
     from d2kbench.tasks.loader import list_tasks
-    from d2kbench.tasks.validate import validate_task
 
     ids = task or list_tasks()
     bad = 0
@@ -140,13 +154,16 @@ def eval_cmd(
     markdown: Optional[Path] = typer.Option(None, "--markdown", help="write a markdown table"),
     store_path: Path = typer.Option(None, "--store", help="SQLite results store (default ./d2k.sqlite or $D2K_STORE)"),
     repeat: int = typer.Option(1, min=1, max=5, help="evaluate N times (harness repeatability)"),
-    timeout: Optional[float] = typer.Option(None, help="seconds per worker request (default: the task's)"),
+    timeout: Optional[float] = typer.Option(None, help="seconds per worker request (default: scaled to the "
+                                            "workload: the reference's time plus a compile allowance)"),
+    keep_going: bool = typer.Option(False, "--keep-going", help="run every workload even after a timeout or a "
+                                    "dead worker (default: the remaining ones are not run)"),
 ) -> None:
     """Check and time SOLUTION on TASK's workloads against a baseline."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from d2kbench.harness.evaluate import Options, default_workloads, evaluate, resolve_device
-    from d2kbench.report.evaluation import COLUMNS, overhead_line, rows, summary, to_markdown
+    from d2kbench.harness.summary import COLUMNS, overhead_line, rows, summary, to_markdown
     from d2kbench.store import DEFAULT_PATH, Store
 
     t = _task(task)
@@ -166,7 +183,7 @@ def eval_cmd(
         for i in range(repeat):
             bar = prog.add_task(f"evaluating {solution} on {t.id} ({dev})")
             evs.append(evaluate(t, solution, wls, dev, None if baseline == "none" else baseline, store=store,
-                                options=Options(timeout_s=timeout),
+                                options=Options(timeout_s=timeout, keep_going=keep_going),
                                 progress=lambda m, b=bar, i=i: prog.update(b, description=f"[{i + 1}/{repeat}] {m}")))
             prog.remove_task(bar)
     for ev in evs:
@@ -206,7 +223,9 @@ def bench(
     json_path: Optional[Path] = typer.Option(None, "--json", help="write the result as JSON"),
     markdown: Optional[Path] = typer.Option(None, "--markdown", help="write a markdown page"),
     store_path: Path = typer.Option(None, "--store", help="SQLite results store"),
-    timeout: Optional[float] = typer.Option(None, help="seconds per worker request"),
+    timeout: Optional[float] = typer.Option(None, help="seconds per worker request (default: scaled to the workload)"),
+    keep_going: bool = typer.Option(False, "--keep-going", help="run every workload even after a timeout or a "
+                                    "dead worker"),
 ) -> None:
     """Time several solutions side by side (interleaved, same inputs) and check performance bars.
 
@@ -236,7 +255,8 @@ def bench(
     _warn_slow_on_cpu(t, dev, wls)
     store = Store(store_path or DEFAULT_PATH)
     with console.status(f"benchmarking {', '.join(solution)} vs {baseline} on {t.id} ({dev})") as st:
-        res = benchmark(t, list(solution), wls, dev, baseline, store=store, options=Options(timeout_s=timeout),
+        res = benchmark(t, list(solution), wls, dev, baseline, store=store,
+                        options=Options(timeout_s=timeout, keep_going=keep_going),
                         progress=lambda m: st.update(m))
     store.close()
     page = to_markdown(res, bars, bound_bars)
@@ -297,8 +317,9 @@ def results(
     solution: Optional[str] = typer.Option(None, help="a solution name or sha256 prefix"),
     limit: int = typer.Option(30, help="newest N rows"),
     store_path: Path = typer.Option(None, "--store", help="SQLite results store"),
-    merge: Optional[list[Path]] = typer.Option(None, "--merge", help="first append the evaluations of another "
-                                               "store file (e.g. from a GPU machine); repeatable"),
+    merge: Optional[list[Path]] = typer.Option(None, "--merge", help="first bring in everything of another store "
+                                               "file (e.g. from a GPU machine): evaluations, runs, candidates, "
+                                               "turns, events, verdicts, plans; repeatable"),
 ) -> None:
     """List recorded evaluation results, newest first."""
     from d2kbench.store import DEFAULT_PATH, Store
@@ -307,12 +328,17 @@ def results(
     for other in merge or []:
         try:
             target = Store(path)
-            n = target.merge_evaluations(other, task)
+            n = target.merge(other, task)
             target.close()
-        except (FileNotFoundError, sqlite3.DatabaseError) as e:
+        except (FileNotFoundError, ValueError, sqlite3.DatabaseError) as e:
             console.print(f"[red]cannot merge {other}: {e}[/red]")
             raise typer.Exit(2) from None
-        console.print(f"merged {n} result rows from {other} into {path}")
+        added = ", ".join(f"{getattr(n, k)} {k}" for k in ("evaluations", "results", "runs", "candidates", "turns",
+                                                            "events", "verdicts", "plans"))
+        console.print(f"merged from {other} into {path}: {added}", highlight=False)
+        for old, new in n.renamed_runs.items():
+            console.print(f"  run {old} is another attempt of the same planned run here: recorded as {new}",
+                          highlight=False)
     if not Path(path).exists():
         console.print(f"no results store at {path}")
         raise typer.Exit(1)
@@ -327,16 +353,14 @@ def results(
     store.close()
 
 
-def _register_plugins() -> None:
-    """Command groups of other areas: each ``d2kbench/<area>/commands.py`` defines ``register(app)``."""
-    import importlib
-
-    for area in ("report", "agents", "judge", "campaign", "integrity"):
-        if (Path(__file__).parent / area / "commands.py").is_file():
-            importlib.import_module(f"d2kbench.{area}.commands").register(app)
-
-
-_register_plugins()
+# The command groups of the other areas, each a module-level typer app in <area>/commands.py,
+# added in this order (the order of `d2k --help`).
+app.add_typer(report_commands.app)
+app.add_typer(agents_commands.app)
+app.add_typer(judge_commands.app)
+app.add_typer(campaign_commands.app)
+app.add_typer(integrity_commands.app)
+app.add_typer(judge_commands.judge_app, name="judge")
 
 if __name__ == "__main__":
     app()

@@ -1,13 +1,16 @@
 """Scripts for the fake provider that play an agent on the Muon task, and their solutions.
 
-The *correct* candidate is the task's straightforward solution; the *incorrect* one is the same
-code with the coefficient sequence cut to four steps (its error exceeds the tolerance).
+The *correct* candidate is an independent one-kernel Triton Muon for the smoke shapes (the evil
+suite's honest helper, ``evil/muon_newton_schulz/_tiny_muon.py``, with a ``run``): the task's
+own solutions are held back, and a candidate that reproduces one is excluded from scores. The
+*incorrect* one is the same code with four Polar Express steps instead of five (its error
+exceeds the tolerance).
 """
 
 from __future__ import annotations
 
 from d2kbench.agents.workspace import EvalSettings
-from d2kbench.tasks import load_task
+from d2kbench.harness.evil import EVIL_DIR
 
 TASK = "muon_newton_schulz"
 #: One smoke workload, one correctness call, one CPU timing sample: a candidate takes seconds.
@@ -15,13 +18,14 @@ FAST_EVAL = EvalSettings(workloads=["smoke_wide_2x32x96"], check_calls=1, cpu_sa
 
 
 def correct_solution() -> str:
-    return (load_task(TASK).root / "solutions" / "straightforward.py").read_text()
+    helper = (EVIL_DIR / "muon_newton_schulz" / "_tiny_muon.py").read_text()
+    return helper + "\n\ndef run(G, steps=5):\n    return muon(G, steps=5)\n"
 
 
 def incorrect_solution() -> str:
     text = correct_solution()
-    assert "return polar_express(G, COEFFS)" in text
-    return text.replace("return polar_express(G, COEFFS)", "return polar_express(G, COEFFS[:4])")
+    assert "return muon(G, steps=5)" in text
+    return text.replace("return muon(G, steps=5)", "return muon(G, steps=4)")
 
 
 def usage(i: int, o: int, cr: int = 0, w5: int = 0, w1: int = 0) -> dict:

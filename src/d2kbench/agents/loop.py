@@ -16,13 +16,17 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from pydantic import BaseModel
 
 from d2kbench.agents.backends.base import Backend, BackendError, MalformedOutputError, ToolCall
-from d2kbench.agents.tools import ToolOutput, clip, run_tool
+from d2kbench.agents.dispatch import run_tool
+from d2kbench.agents.tools import ToolOutput, clip
+from d2kbench.agents.workspace import load_config
+from d2kbench.sandbox import bwrap
+from d2kbench.sandbox.policy import agent_policy, sandbox_env
 
 #: Seconds a ``bash`` tool call may run by default, and at most.
 BASH_TIMEOUT_S, BASH_TIMEOUT_MAX_S = 600, 3600
@@ -122,8 +126,17 @@ class Toolbox:
             return ToolOutput(text=f"{tc.name}: {type(e).__name__}: {e}", ok=False, is_error=True)
 
     def bash(self, command: str, timeout_s: int) -> ToolOutput:
+        """Run ``command`` with bash in the workspace, inside the agent's OS sandbox (the
+        workspace and its request folder writable, the runtime read-only, no network, nothing
+        of the suite or the store)."""
         timeout_s = max(1, min(timeout_s, BASH_TIMEOUT_MAX_S))
-        proc = subprocess.Popen(["bash", "-c", command], cwd=self.ws, stdout=subprocess.PIPE,
+        try:
+            extra_rw = [load_config(self.ws).run_dir]
+        except (FileNotFoundError, ValueError):
+            extra_rw = []
+        policy = agent_policy(workspace=self.ws, extra_rw=extra_rw, env=sandbox_env(str(self.ws)))
+        cmd, env = bwrap.wrap(["bash", "-c", command], policy)
+        proc = subprocess.Popen(cmd, cwd=self.ws, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         try:
             out, _ = proc.communicate(timeout=timeout_s)

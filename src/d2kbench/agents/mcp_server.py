@@ -11,6 +11,8 @@ import argparse
 import asyncio
 from pathlib import Path
 
+# Imports inside functions: an entry point started for every agent session: the MCP SDK and the tools load in main().
+
 
 def build_server(workspace: Path):
     """An ``MCPServer`` exposing the four tools of ``workspace``.
@@ -20,7 +22,7 @@ def build_server(workspace: Path):
     """
     from mcp.server.mcpserver import MCPServer
 
-    from d2kbench.agents.tools import run_tool
+    from d2kbench.agents.dispatch import run_tool
 
     ws = Path(workspace).resolve()
     server = MCPServer(name="d2k", instructions="D2K-Bench tools for this workspace: test, bench, profile, submit. "

@@ -27,7 +27,7 @@ class RunRecorder:
     Args:
         store: a :class:`d2kbench.store.Store`.
         run_id: the run.
-        prices: the price table (None: costs recorded as 0 and ``unpriced`` set).
+        prices: the price table (None: every cost is unknown and ``unpriced`` set).
         extra_leak_paths: further strings whose appearance in a tool call is suspect (e.g. the
             absolute path of the task folder).
     """
@@ -37,7 +37,7 @@ class RunRecorder:
         self.run_id = run_id
         self.prices = prices
         self.usage = Usage()
-        self.cost_usd = 0.0
+        self.cost_usd: float | None = 0.0
         self.cli_cost_usd: float | None = None
         self.turns = 0
         self.retries = 0
@@ -47,12 +47,12 @@ class RunRecorder:
         self._lock = threading.Lock()
 
     def turn(self, index: int, usage: Usage, model: str, *, retries: int = 0,
-             cli_cost_usd: float | None = None) -> float:
-        """Record (or re-record) the usage of turn ``index``; returns its cost in US$."""
+             cli_cost_usd: float | None = None) -> float | None:
+        """Record (or re-record) the usage of turn ``index``; returns its cost in US$, None
+        when the model has no price (the turn is stored as unpriced, its cost unknown)."""
         cost = price_turn(usage, model, self.prices)
         if cost is None:
             self.unpriced.add(model)
-            cost = 0.0
         with self._lock:
             self.store.add_turn(self.run_id, index, input_tokens=usage.input_tokens,
                                 output_tokens=usage.output_tokens, cache_read=usage.cache_read,
@@ -71,7 +71,9 @@ class RunRecorder:
                            cache_write_5m=sum(r["cache_write_5m"] for r in rows),
                            cache_write_1h=sum(r["cache_write_1h"] for r in rows),
                            reasoning_tokens=sum(r["reasoning_tokens"] or 0 for r in rows))
-        self.cost_usd = sum(r["cost_usd"] for r in rows)
+        unpriced = [r for r in rows if r["unpriced"]]
+        self.unpriced |= {r["model"] or "unknown model" for r in unpriced}
+        self.cost_usd = None if unpriced else sum(r["cost_usd"] for r in rows)
         self.retries = sum(r["retries"] or 0 for r in rows)
         cli = [r["cli_cost_usd"] for r in rows if r["cli_cost_usd"] is not None]
         self.cli_cost_usd = sum(cli) if cli else None

@@ -9,25 +9,30 @@ records the candidate and a ``candidate`` trajectory event in the store, and wri
 hand-made workspace) the tool evaluates in its own process and stores nothing.
 
 A snapshot whose content no longer matches its recorded hash (edited after submission) is
-rejected, not evaluated.
+rejected, not evaluated. The queue evaluates, screens (held-back copies) and records its own
+copy of the snapshot, outside the folders the agent can write, so an edit during the
+evaluation changes nothing.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import shutil
 import threading
 import time
 import traceback
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
 
 from pydantic import BaseModel
 
-from d2kbench.agents.workspace import WorkspaceConfig, load_config
+from d2kbench.agents import requests
+from d2kbench.agents.leaks import held_back_copies
+from d2kbench.agents.tools import clip, evaluate_solution, evaluation_text, load_task_of
+from d2kbench.agents.workspace import WorkspaceConfig, load_config, locked_dir
+from d2kbench.scoring.records import HELD_BACK_COPY
+from d2kbench.store import Store
 
 
 class SubmissionRequest(BaseModel):
@@ -46,7 +51,7 @@ class SubmissionResult(BaseModel):
     """The outcome of one submission, as the agent sees it (``text``) and as data."""
 
     n: int
-    status: str  # evaluated | rejected | error
+    status: str  # evaluated | rejected | error | held_back_copy
     eligible: bool | None = None
     geomean_speedup: float | None = None
     candidate_id: int | None = None
@@ -57,17 +62,6 @@ class SubmissionResult(BaseModel):
 
 def sha256_of(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-@contextmanager
-def _locked(run_dir: Path):
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / ".submit.lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def current_turn(run_dir: Path) -> int:
@@ -97,7 +91,7 @@ def snapshot(workspace: Path, cfg: WorkspaceConfig, note: str = "", turn: int | 
     sol = Path(workspace) / "solution.py"
     if not sol.is_file():
         raise FileNotFoundError(f"{sol} does not exist: write your solution there first")
-    with _locked(run_dir):
+    with locked_dir(run_dir):
         subs = run_dir / "submissions"
         subs.mkdir(exist_ok=True)
         n = len(list(subs.glob("*.request.json"))) + 1
@@ -128,16 +122,19 @@ def write_result(run_dir: Path, res: SubmissionResult) -> None:
     tmp.replace(p)
 
 
-def evaluate_request(cfg: WorkspaceConfig, req: SubmissionRequest, store=None) -> tuple[SubmissionResult, object]:
+def evaluate_request(cfg: WorkspaceConfig, req: SubmissionRequest, store=None,
+                     cand_dir: Path | None = None) -> tuple[SubmissionResult, object]:
     """Evaluate one snapshot with the harness (candidate vs the configured baseline).
+
+    Args:
+        cand_dir: the folder the snapshot must be in (default: the run directory's
+            ``candidates``, where the submit tool puts it; the queue passes its trusted copies').
 
     Returns:
         (result, Evaluation or None). Never raises: harness errors become ``status="error"``.
     """
-    from d2kbench.agents.tools import clip, evaluate_solution, evaluation_text
-
     snap = Path(req.snapshot)
-    cand_dir = (Path(cfg.run_dir) / "candidates").resolve()
+    cand_dir = Path(cand_dir or Path(cfg.run_dir) / "candidates").resolve()
     if snap.resolve().parent != cand_dir or not snap.name.startswith(f"{req.n:03d}-{req.sha256[:12]}"):
         return SubmissionResult(n=req.n, status="rejected", sha256=req.sha256,
                                 text=f"submission {req.n} rejected: its snapshot {snap} is not the one the submit "
@@ -160,35 +157,6 @@ def evaluate_request(cfg: WorkspaceConfig, req: SubmissionRequest, store=None) -
     return SubmissionResult(n=req.n, status="evaluated", eligible=ok, geomean_speedup=ev.geomean_speedup,
                             eval_id=ev.id, sha256=req.sha256,
                             text=clip(head + "\n\n" + evaluation_text(ev, f"candidate {req.n}"))), ev
-
-
-def code_fingerprint(text: str) -> str:
-    """SHA-256 of Python source's syntax tree without docstrings (bare string statements): a copy
-    with edited comments, docstrings or layout has the same fingerprint (unparseable text: its
-    whitespace-split words)."""
-    import ast
-
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError):
-        return hashlib.sha256(" ".join(text.split()).encode()).hexdigest()
-    for node in ast.walk(tree):  # bare string statements (docstrings) do nothing: drop them
-        body = getattr(node, "body", None)
-        if isinstance(body, list):
-            kept = [b for b in body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)
-                                            and isinstance(b.value.value, str))]
-            node.body = kept or [ast.Pass()]
-    return hashlib.sha256(ast.dump(tree, annotate_fields=False).encode()).hexdigest()
-
-
-def held_back_copies(task_root: Path, snapshot: Path) -> list[str]:
-    """Names of the task's own solutions (``solutions/*.py``, held back from agents) that the
-    snapshot reproduces token for token (comments and layout ignored)."""
-    sols = sorted((Path(task_root) / "solutions").glob("*.py"))
-    if not sols:
-        return []
-    mine = code_fingerprint(Path(snapshot).read_text(errors="replace"))
-    return [p.name for p in sols if code_fingerprint(p.read_text(errors="replace")) == mine]
 
 
 def submit(workspace: Path, note: str = "", turn: int | None = None, source: str = "cli",
@@ -240,7 +208,11 @@ class SubmissionQueue:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        # where the queue keeps its own copy of each snapshot: outside every folder the agent can
+        # write (a runner's run directory holds the agent's control folder and workspace, not this)
+        self.trusted_dir = (self.run_dir.parent if self.cfg.runner else self.run_dir) / "candidates-evaluated"
         self.results: dict[int, SubmissionResult] = {}
+        self._answered: set[int] = set()  # tool requests answered
 
     def pending(self) -> list[SubmissionRequest]:
         subs = self.run_dir / "submissions"
@@ -253,8 +225,6 @@ class SubmissionQueue:
 
     def process(self, req: SubmissionRequest) -> SubmissionResult:
         """Evaluate, record (candidate row + ``candidate`` event) and answer one request."""
-        from d2kbench.store import Store
-
         with self._lock:
             if req.n in self.results:
                 return self.results[req.n]
@@ -262,7 +232,16 @@ class SubmissionQueue:
             turn = self.turn_of() if self.turn_of is not None else req.turn
             store = Store(self.store_path)
             try:
-                res, _ev = evaluate_request(self.cfg, req, store=store)
+                own = self._trusted_copy(req)
+                if own is not None:  # evaluated, screened and recorded: one copy the agent cannot touch
+                    req = own
+                res, _ev = evaluate_request(self.cfg, req, store=store,
+                                            cand_dir=self.trusted_dir if own is not None else None)
+                copies = self._copies(req)
+                if copies:  # not the agent's work: recorded, never eligible, counted by every report
+                    res.status, res.eligible = HELD_BACK_COPY, False
+                    res.text = (f"submission {req.n}: NOT ELIGIBLE: it reproduces held-back code of this task ("
+                                + ", ".join(f"{c['file']} {c['similarity']:.2f}" for c in copies) + ")\n\n" + res.text)
                 res.candidate_id = store.add_candidate(
                     self.run_id, turn=turn, solution_sha256=req.sha256, path=req.snapshot, eval_id=res.eval_id,
                     eligible=bool(res.eligible), geomean_speedup=res.geomean_speedup, status=res.status,
@@ -274,7 +253,6 @@ class SubmissionQueue:
                                  "source": req.source, "note": req.note, "snapshot": req.snapshot,
                                  "claimed_turn": req.turn,
                                  **({"error": res.text[:2000]} if res.status != "evaluated" else {})})
-                copies = self._copies(req)
                 if copies:
                     store.add_event(self.run_id, turn, "leak_suspect",
                                     {"candidate_id": res.candidate_id, "n": req.n, "copy_of": copies})
@@ -286,24 +264,53 @@ class SubmissionQueue:
             self.on_result(res)
         return res
 
-    def _copies(self, req: SubmissionRequest) -> list[str]:
-        try:
-            from d2kbench.agents.tools import load_task_of
+    def _trusted_copy(self, req: SubmissionRequest) -> SubmissionRequest | None:
+        """``req`` pointing at the queue's own copy of its snapshot, made from one read whose hash
+        is the request's; None when the snapshot is not the submit tool's or no longer matches
+        (:func:`evaluate_request` then says why). The agent can write its snapshot folder: an
+        edit while the candidate is evaluated or screened for held-back code must change nothing."""
+        snap = Path(req.snapshot)
+        if snap.resolve().parent != (self.run_dir / "candidates").resolve() or \
+                not snap.name.startswith(f"{req.n:03d}-{req.sha256[:12]}") or not snap.is_file():
+            return None
+        data = snap.read_bytes()
+        if hashlib.sha256(data).hexdigest() != req.sha256:
+            return None
+        self.trusted_dir.mkdir(parents=True, exist_ok=True)
+        own = self.trusted_dir / snap.name
+        if own.exists():
+            own.chmod(0o644)
+        own.write_bytes(data)
+        own.chmod(0o444)
+        return req.model_copy(update={"snapshot": str(own)})
 
+    def _copies(self, req: SubmissionRequest) -> list[dict]:
+        try:
             return held_back_copies(load_task_of(self.cfg).root, Path(req.snapshot))
         except Exception:  # noqa: BLE001 - a screening failure must not lose the candidate
             return []
+
+    def answer_tools(self) -> int:
+        """Answer the sandboxed agent's pending ``test``/``bench``/``profile`` requests
+        (:mod:`d2kbench.agents.requests`); returns how many."""
+        todo = requests.pending(self.cfg, self._answered)
+        for req in todo:
+            with self._lock:
+                requests.answer(self.cfg, req)
+                self._answered.add(req.n)
+        return len(todo)
 
     def drain(self) -> list[SubmissionResult]:
         """Process every pending request now (in this thread)."""
         return [self.process(r) for r in self.pending()]
 
-    def start(self, interval_s: float = 0.25) -> "SubmissionQueue":
+    def start(self, interval_s: float = 0.25) -> SubmissionQueue:
         """Process requests on a background thread until :meth:`stop`."""
         def loop() -> None:
             while not self._stop.is_set():
                 for r in self.pending():
                     self.process(r)
+                self.answer_tools()
                 self._stop.wait(interval_s)
 
         self._thread = threading.Thread(target=loop, name=f"submissions-{self.run_id}", daemon=True)
@@ -316,6 +323,7 @@ class SubmissionQueue:
         if self._thread is not None:
             self._thread.join()
         self.drain()
+        self.answer_tools()
 
 
 def remove_tree(path: Path) -> None:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from d2kbench.agents.workspace import TOOL_NAMES
 
+# Imports inside functions: an entry point run for every tool call of a sandboxed agent: it must start fast.
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="d2k agent-tool", description="D2K-Bench agent tools")
@@ -21,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--note", default="", help="submit: a short note on this candidate")
     ap.add_argument("--workload", default=None, help="profile: the workload id (default: the first timed one)")
     a = ap.parse_args(argv)
-    from d2kbench.agents.tools import run_tool
+    from d2kbench.agents.dispatch import run_tool
 
     try:
         out = run_tool(Path(a.workspace), a.tool, {"note": a.note, "workload": a.workload})

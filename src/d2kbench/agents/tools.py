@@ -12,15 +12,15 @@ Every tool returns a :class:`ToolOutput`; none raises for a failing solution.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-import traceback
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from d2kbench.agents.workspace import WorkspaceConfig, load_config
+from d2kbench.agents.workspace import WorkspaceConfig
+
+# Imports inside functions: the sandboxed agent's tool CLI imports this module; the harness (and torch) load only when a
+# tool runs in this process.
 
 #: Most characters of tool output handed to a model (head and tail kept).
 OUTPUT_LIMIT = 16000
@@ -68,7 +68,7 @@ def _options(cfg: WorkspaceConfig, *, timed: bool):
 
 def evaluation_text(ev, title: str) -> str:
     """A markdown table of an evaluation plus its summary line."""
-    from d2kbench.report.evaluation import COLUMNS, rows, summary
+    from d2kbench.harness.summary import COLUMNS, rows, summary
 
     lines = [f"## {title}", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(r[c] for c in COLUMNS) + " |" for r in rows(ev)]
@@ -98,10 +98,9 @@ def evaluate_solution(cfg: WorkspaceConfig, path: Path, *, timed: bool, baseline
                     options=_options(cfg, timed=timed))
 
 
-def tool_test(workspace: Path) -> ToolOutput:
-    """Correctness of ``solution.py`` on every configured workload."""
-    cfg = load_config(workspace)
-    ev = evaluate_solution(cfg, Path(workspace) / "solution.py", timed=False, baseline=False)
+def tool_test(cfg: WorkspaceConfig, path: Path) -> ToolOutput:
+    """Correctness of the solution at ``path`` on every configured workload."""
+    ev = evaluate_solution(cfg, path, timed=False, baseline=False)
     ok = ev.candidate.eligible
     head = "ALL CHECKS PASSED" if ok else "SOME CHECKS FAILED"
     return ToolOutput(text=clip(f"{head}\n\n" + evaluation_text(ev, f"test: solution.py on {ev.device}")), ok=ok,
@@ -109,63 +108,40 @@ def tool_test(workspace: Path) -> ToolOutput:
                             "status": {r.workload: r.status.value for r in ev.candidate.results}})
 
 
-def tool_bench(workspace: Path) -> ToolOutput:
-    """Correctness and latency of ``solution.py``, with speedups against the baseline."""
-    cfg = load_config(workspace)
-    ev = evaluate_solution(cfg, Path(workspace) / "solution.py", timed=True, baseline=True)
+def tool_bench(cfg: WorkspaceConfig, path: Path) -> ToolOutput:
+    """Correctness and latency of the solution at ``path``, with speedups against the baseline."""
+    ev = evaluate_solution(cfg, path, timed=True, baseline=True)
     return ToolOutput(text=clip(evaluation_text(ev, f"bench: solution.py vs {cfg.eval.baseline} on {ev.device}")),
                       ok=ev.candidate.eligible,
                       data={"eval_id": ev.id, "eligible": ev.candidate.eligible, "geomean_speedup": ev.geomean_speedup})
 
 
-def tool_profile(workspace: Path, workload: str | None = None, timeout_s: float = 900.0) -> ToolOutput:
-    """Profile ``solution.py`` on one workload in a child process (torch.profiler kernel table;
-    Nsight Compute metrics where ``ncu`` is installed and the device is a GPU)."""
-    cfg = load_config(workspace)
-    argv = [cfg.python, "-m", "d2kbench.agents.profiling", "--workspace", str(workspace)]
-    if workload:
-        argv += ["--workload", workload]
-    env = dict(os.environ)
+def tool_profile(cfg: WorkspaceConfig, path: Path, workload: str | None = None, timeout_s: float = 900.0) -> ToolOutput:
+    """Profile the solution at ``path`` on one workload (torch.profiler kernel table; Nsight
+    Compute metrics where ``ncu`` is installed and the device is a GPU), in a child process in
+    the same OS sandbox as a harness worker: the solution is untrusted."""
+    from d2kbench.agents.profiling import sandboxed_profile
+
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=workspace,
-                             start_new_session=True)
+        code, text = sandboxed_profile(cfg, path, workload, timeout_s)
     except subprocess.TimeoutExpired:
         return ToolOutput(text=f"profile: timed out after {timeout_s:.0f} s", ok=False)
-    text = out.stdout + (f"\n[stderr]\n{out.stderr[-4000:]}" if out.returncode and out.stderr.strip() else "")
-    return ToolOutput(text=clip(text.strip() or "(no output)"), ok=out.returncode == 0,
-                      data={"returncode": out.returncode})
+    return ToolOutput(text=clip(text.strip() or "(no output)"), ok=code == 0, data={"returncode": code})
 
 
-def tool_submit(workspace: Path, note: str = "", turn: int | None = None, source: str = "cli") -> ToolOutput:
-    """Snapshot and evaluate ``solution.py`` as a candidate (see :mod:`d2kbench.agents.submissions`)."""
-    from d2kbench.agents.submissions import submit
-
-    res = submit(Path(workspace), note=note, turn=turn, source=source)
-    return ToolOutput(text=clip(res.text), ok=res.status == "evaluated" and bool(res.eligible),
-                      data=res.model_dump(exclude={"text"}))
-
-
-def run_tool(workspace: str | Path, name: str, args: dict | None = None, *, turn: int | None = None,
-             source: str = "cli") -> ToolOutput:
-    """Run tool ``name`` (``test``, ``bench``, ``profile``, ``submit``) on a workspace.
-
-    Never raises for solution failures or tool errors: a tool that crashes answers with
-    ``ok=False`` and the error text.
+def run_local(cfg: WorkspaceConfig, name: str, path: Path, args: dict | None = None) -> ToolOutput:
+    """``test``, ``bench`` or ``profile`` of the solution at ``path``, run from this process
+    (the runner answering a sandboxed agent's request, the built-in loop, a hand-made
+    workspace).
 
     Raises:
-        ValueError: unknown tool name.
+        ValueError: another tool name.
     """
     args = dict(args or {})
-    ws = Path(workspace).resolve()
-    fns = {"test": lambda: tool_test(ws), "bench": lambda: tool_bench(ws),
-           "profile": lambda: tool_profile(ws, args.get("workload")),
-           "submit": lambda: tool_submit(ws, note=str(args.get("note") or ""), turn=turn, source=source)}
-    if name not in fns:
-        raise ValueError(f"unknown tool {name!r} (test, bench, profile, submit)")
-    try:
-        return fns[name]()
-    except Exception as e:  # noqa: BLE001 - reported to the agent, never a crash of the run
-        tb = traceback.format_exc(limit=4)
-        print(tb, file=sys.stderr)
-        return ToolOutput(text=f"{name}: tool error: {type(e).__name__}: {e}", ok=False, is_error=True,
-                          data={"error": f"{type(e).__name__}: {e}"})
+    if name == "test":
+        return tool_test(cfg, path)
+    if name == "bench":
+        return tool_bench(cfg, path)
+    if name == "profile":
+        return tool_profile(cfg, path, args.get("workload"))
+    raise ValueError(f"unknown tool {name!r} (test, bench, profile)")

@@ -17,22 +17,24 @@ folder outside ``SHARED_FILES``).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shlex
 import shutil
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
 from pydantic import BaseModel, Field
 
-from d2kbench.tasks.loader import SHARED_FILES, SUITE_DIR, Task
+from d2kbench.tasks.loader import SHARED_FILES, SUITE_DIR, Task, public_task_yaml
 
-#: Guidance levels of runs: unguided, then cumulative (SPEC.md section 4).
+#: Guidance levels of runs: unguided, then cumulative (docs/protocol.md, "Runs").
 GUIDANCE_LEVELS = ("none", "L1", "L1+L2", "L1+L2+L3")
 LEVEL_TITLES = {"L1": "L1: algorithmic insight", "L2": "L2: dataflow", "L3": "L3: low-level mechanisms"}
-#: The target GPU named in every brief (SPEC.md section 6: Hopper).
+#: The target GPU named in every brief (docs/protocol.md, "Runs": the H200, a Hopper GPU).
 TARGET_GPU = "NVIDIA H200 (Hopper, sm_90: 132 SMs, 141 GB HBM3e at 4.8 TB/s, 60 MiB L2, FP16/BF16 tensor cores)"
 TOOL_NAMES = ("test", "bench", "profile", "submit")
 CONFIG_PATH = Path(".d2k") / "workspace.json"
@@ -218,7 +220,10 @@ def stage_workspace(task: Task, directory: str | Path, guidance: str, *, device:
                           run_dir=str(Path(run_dir).resolve() if run_dir else ws / ".d2k" / "run"), runner=runner,
                           run_id=run_id, budget_turns=budget_turns, wall_clock_s=wall_clock_s)
     for name in SHARED_FILES:
-        shutil.copyfile(task.root / name, ws / name)
+        if name == "task.yaml":
+            (ws / name).write_text(public_task_yaml(task.root))
+        else:
+            shutil.copyfile(task.root / name, ws / name)
     shutil.copyfile(task.root / "template.py", ws / "solution.py")
     (ws / "workloads.yaml").write_text(render_workloads(task))
     text = render_guidance(task, guidance)
@@ -262,3 +267,15 @@ def workspace_files(workspace: str | Path) -> list[Path]:
         dirs[:] = [d for d in dirs if not (Path(root) / d == ws / ".d2k" / "run")]
         out += [(Path(root) / f).relative_to(ws) for f in files]
     return sorted(out)
+
+
+@contextmanager
+def locked_dir(run_dir: Path):
+    """Hold the run directory's submission lock (``.submit.lock``, an exclusive ``flock``)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / ".submit.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -19,13 +19,16 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from queue import Queue
-from typing import Callable
 
-from d2kbench.agents.proc import new_group_dying_with_parent
 from d2kbench.campaign.worker import Job
+from d2kbench.sandbox.process import new_group_dying_with_parent
+from d2kbench.store import Store
+
+# Imports inside functions: ray (an optional extra) and torch load only for the executor that needs them.
 
 #: Seconds a run may exceed its own wall-clock limit before its worker is killed.
 WORKER_GRACE_S = 900.0
@@ -37,8 +40,6 @@ def _record_failure(job: Job, error: str, *, killed: bool = False) -> str:
     """Close the job's run when its worker died before closing it itself: ``interrupted`` when
     the worker was killed from outside (SIGKILL / SIGTERM: a resume starts it again), else
     ``failed``. Returns the status written (or found)."""
-    from d2kbench.store import Store
-
     store = Store(job.store)
     try:
         row = store.run(job.run_id)

@@ -17,8 +17,11 @@ Example::
     gpus: [0, 1, 2, 3]        # optional: which GPUs (default: every visible GPU)
     eval: {baseline: reference}
 
-Every field but ``name`` of a planned run is part of its identity (``RunSpec.key``): editing a
-plan's budget makes new runs, never mixes budgets under one key.
+A planned run's identity (``RunSpec.key``) is its task, model, backend, guidance, seed and
+budget: editing a plan's budget makes new runs, never mixes budgets under one key; moving an
+endpoint (``base_url``) or rotating a key in ``options`` changes nothing recorded, and a
+secret in ``options`` is never written to the store. The plan is recorded in the store when
+the campaign runs: its tasks x agents x levels are the declared tasks of the campaign's scores.
 """
 
 from __future__ import annotations
@@ -32,8 +35,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from d2kbench.agents.backends import BACKENDS
 from d2kbench.agents.runner import DEFAULT_BUDGET_TURNS, DEFAULT_WALL_CLOCK_S, RunSpec
 from d2kbench.agents.workspace import GUIDANCE_LEVELS, EvalSettings
-
-DESIGNS = {"paired": ("none", "L1+L2+L3"), "ablation": GUIDANCE_LEVELS}
+from d2kbench.scoring.records import DESIGNS
+from d2kbench.tasks import TaskFileError, load_task
 
 
 class PlanError(ValueError):
@@ -76,7 +79,7 @@ class Plan(BaseModel):
     max_tokens: int = Field(default=16384, ge=1)
 
     @model_validator(mode="after")
-    def _levels(self) -> "Plan":
+    def _levels(self) -> Plan:
         if self.design == "custom":
             if not self.guidance:
                 raise ValueError("design 'custom' needs a 'guidance' list")
@@ -130,7 +133,6 @@ def load_plan(path: str | Path) -> Plan:
     except ValidationError as e:
         lines = [f"{p}: {'.'.join(map(str, x['loc'])) or '(top level)'}: {x['msg']}" for x in e.errors()]
         raise PlanError("\n".join(lines)) from None
-    from d2kbench.tasks import TaskFileError, load_task
 
     for t in plan.tasks:
         try:

@@ -1,15 +1,17 @@
-"""Run a campaign: lock, schedule (resume), execute, summarise."""
+"""Run a campaign: lock, record the plan (it declares the tasks of the campaign's scores),
+schedule (resume), execute, summarise."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from pydantic import BaseModel
 
 from d2kbench.campaign.plan import Plan
 from d2kbench.campaign.state import CampaignLock, schedule
 from d2kbench.campaign.worker import Job
+from d2kbench.store import Store
 
 
 class CampaignResult(BaseModel):
@@ -40,11 +42,10 @@ def run_campaign(plan: Plan, *, store_path: str | Path, runs_root: str | Path, e
     Raises:
         CampaignBusy: another process runs this campaign on this store.
     """
-    from d2kbench.store import Store
-
     with CampaignLock(store_path, plan.name):
         store = Store(store_path)
         try:
+            store.record_plan(plan.name, plan.model_dump(mode="json"))  # the declared tasks of its scores
             sched = schedule(store, plan, retry_failed=retry_failed)
         finally:
             store.close()

@@ -1,7 +1,10 @@
 """Resume: what of a plan is done, what to (re)start, and the one-campaign-at-a-time lock.
 
-A planned run is identified by its key (``RunSpec.key``); each start is an *attempt* with its
-own ``run_id`` (``<key>-a<n>``), so nothing recorded by an earlier attempt is overwritten.
+A planned run is identified by its key (``RunSpec.key``: task, model, backend, guidance, seed,
+budget; not the endpoint or the backend options, so a moved endpoint or a rotated key resumes
+where the campaign stopped); attempts recorded by older versions under their key (which held
+the endpoint and options) are recognised too. Each start is an *attempt* with its own
+``run_id`` (``<key>-a<n>``), so nothing recorded by an earlier attempt is overwritten.
 A key with a ``finished`` attempt is done and never redone; a ``failed`` attempt counts as done
 too unless ``retry_failed``. Attempts left ``running`` by a killed campaign (the lock proves no
 other campaign process is alive) become ``interrupted`` and the run starts again as the next
@@ -19,9 +22,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from d2kbench.agents.proc import kill_stale_group
 from d2kbench.agents.runner import RunSpec
 from d2kbench.campaign.plan import Plan
+from d2kbench.sandbox.process import kill_stale_group
 
 DONE_STATUSES = ("finished",)
 
@@ -41,7 +44,7 @@ class CampaignLock:
         self.path = Path(f"{Path(store_path).resolve()}.{name}.lock")
         self._fh = None
 
-    def __enter__(self) -> "CampaignLock":
+    def __enter__(self) -> CampaignLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fh = open(self.path, "a+")
         try:
@@ -82,7 +85,7 @@ def _stop_orphans(store, plan: Plan) -> None:
     host = socket.gethostname()
     killed = False
     for spec in plan.runs():
-        for r in store.runs_of(run_key=spec.key()):
+        for r in _attempts(store, spec):
             if r["status"] != "running":
                 continue
             cfg = json.loads(r["config_json"] or "{}")
@@ -92,6 +95,11 @@ def _stop_orphans(store, plan: Plan) -> None:
         time.sleep(0.5)  # let the killed groups go before statuses are read
 
 
+def _attempts(store, spec: RunSpec) -> list:
+    """Every recorded attempt of a planned run, under its key or the key older versions gave it."""
+    return [r for k in spec.keys() for r in store.runs_of(run_key=k)]
+
+
 def schedule(store, plan: Plan, *, retry_failed: bool = False) -> Schedule:
     """Decide what to run. Call while holding the :class:`CampaignLock`: it stops orphaned
     workers of this machine, then marks attempts still ``running`` as ``interrupted``."""
@@ -99,7 +107,7 @@ def schedule(store, plan: Plan, *, retry_failed: bool = False) -> Schedule:
     todo, done, stale = [], [], []
     for spec in plan.runs():
         key = spec.key()
-        rows = store.runs_of(run_key=key)
+        rows = _attempts(store, spec)
         stale += [r["run_id"] for r in rows if r["status"] == "running"]
         finished = any(r["status"] in DONE_STATUSES for r in rows)
         failed = any(r["status"] == "failed" for r in rows)

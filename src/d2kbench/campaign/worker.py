@@ -9,7 +9,7 @@ import sys
 
 from pydantic import BaseModel
 
-from d2kbench.agents.runner import RunSpec
+from d2kbench.agents.runner import RunSpec, run_agent
 
 
 class Job(BaseModel):
@@ -26,8 +26,6 @@ class Job(BaseModel):
 
 
 def main() -> int:
-    from d2kbench.agents.runner import run_agent
-
     job = Job.model_validate_json(sys.stdin.read())
     out = run_agent(job.spec, store_path=job.store, runs_root=job.runs_root, attempt=job.attempt,
                     progress=lambda m: print(m, file=sys.stderr, flush=True))

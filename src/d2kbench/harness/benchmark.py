@@ -10,17 +10,23 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Callable
 
 from pydantic import BaseModel
 
 from d2kbench.harness.env import fingerprint, nvidia_smi
 from d2kbench.harness.evaluate import (
-    Options, default_workloads, phase_breakdown, resolve_device, run_solutions, timed_seconds,
+    Options,
+    default_workloads,
+    phase_breakdown,
+    resolve_device,
+    run_solutions,
+    timed_seconds,
 )
-from d2kbench.harness.phases import PhaseClock, phase
-from d2kbench.harness.results import SolutionRun
+from d2kbench.harness.launch_floor import launch_floor_ms
+from d2kbench.phases import PhaseClock, phase
+from d2kbench.results import SolutionRun
 from d2kbench.scoring.sol import MEASURED, bound_of, gpu_key, sol_ms
 from d2kbench.scoring.speedup import geomean
 from d2kbench.tasks.formula import evaluate_formula
@@ -63,7 +69,7 @@ class BenchmarkResult(BaseModel):
     wall_s: float
     timed_s: float
     launch_floor_ms: dict[str, float] = {}  # per timing mode, measured in this run (GPU only)
-    phases_s: dict[str, float] = {}  # exclusive wall seconds per harness phase (d2kbench.harness.phases)
+    phases_s: dict[str, float] = {}  # exclusive wall seconds per harness phase (d2kbench.phases)
 
     def run(self, solution: str) -> SolutionRun:
         return next(r for r in self.runs if r.solution == solution)
@@ -112,8 +118,6 @@ def rates_of(task: Task, solution: str, run: SolutionRun, workloads: list[Worklo
 
 def measure_launch_floors(modes: set[str]) -> dict[str, float]:
     """The launch floor (ms) of each GPU timing mode in ``modes`` (``cpu`` has none)."""
-    from d2kbench.harness.launch_floor import launch_floor_ms
-
     return {m: launch_floor_ms(m) for m in sorted(modes) if m in ("graph", "events")}
 
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from d2kbench.harness.evaluate import _Expected, check_reply
-from d2kbench.harness.inputs import clone_args, make_args, secret_seed
+from d2kbench.checking.expected import Expected
+from d2kbench.checking.inputs import clone_args, make_args, secret_seed
+from d2kbench.checking.verdict import check_reply
 from d2kbench.tasks.loader import Task, import_file
 from d2kbench.tasks.schema import Workload
+
+# Imports inside functions: torch loads when a calibration runs, not when the CLI starts.
 
 
 class ProbeResult(BaseModel):
@@ -63,7 +66,7 @@ def calibrate(task: Task, workloads: list[Workload], device: str, calls: int = 1
         per_probe: dict[str, tuple[dict, dict, bool]] = {}
         for call in range(calls):
             pristine = make_args(reference, task.spec, wl, secret_seed(), device)
-            expected = _Expected(task, reference, wl, pristine)
+            expected = Expected(task, reference, wl, pristine)
             for name, fn, _ in probes:
                 args = clone_args(pristine)
                 with torch.no_grad():
@@ -88,7 +91,8 @@ def to_markdown(task: Task, results: list[ProbeResult], env: dict) -> str:
     names = sorted({k for r in results for k in r.errors if ":finite" not in k and ":untouched" not in k})
     lines = [f"# Tolerance calibration: {task.id}", ""]
     lines += [f"- **{k}**: {env.get(k)}" for k in ("gpu", "driver", "torch", "triton", "time_utc") if env.get(k)]
-    lines += ["", "| probe | expect | workload | " + " | ".join(names) + " | verdict |", "|---|---|---|" + "---|" * (len(names) + 1)]
+    lines += ["", "| probe | expect | workload | " + " | ".join(names) + " | verdict |",
+              "|---|---|---|" + "---|" * (len(names) + 1)]
     for r in results:
         cells = []
         for n in names:

@@ -18,7 +18,7 @@ in deterministic mode (a global state dynamo guards on), which adds one compilat
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

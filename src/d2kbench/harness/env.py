@@ -8,6 +8,10 @@ import shutil
 import subprocess
 from datetime import datetime, timezone
 
+from d2kbench.sandbox import bwrap, seccomp
+
+# Imports inside functions: torch and triton load when the environment is fingerprinted.
+
 _SMI_FIELDS = (
     "name", "driver_version", "clocks.sm", "clocks.mem", "clocks.max.sm", "clocks.max.mem",
     "power.limit", "temperature.gpu", "persistence_mode",
@@ -31,8 +35,13 @@ def nvidia_smi() -> dict:
 
 
 def fingerprint(device: str) -> dict:
-    """Versions and hardware of this machine; for ``device == "cuda"`` also GPU properties and
-    the clocks at the time of the call (record them before and after timing)."""
+    """Versions and hardware of this machine, and how solutions are isolated (``sandbox``:
+    bubblewrap's version, or ``none`` with the reason); for ``device == "cuda"`` also GPU
+    properties and the clocks at the time of the call (record them before and after timing).
+
+    Raises:
+        d2kbench.sandbox.bwrap.SandboxUnavailable: ``D2K_SANDBOX=require`` without a sandbox.
+    """
     import torch
     import triton
 
@@ -49,6 +58,8 @@ def fingerprint(device: str) -> dict:
         "d2kbench": d2kbench.__version__,
         "cpu": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
+        "sandbox": bwrap.status().describe(),  # how untrusted code was isolated (none: say why)
+        "process_filter": seccomp.describe(device),  # whether solution workers can start processes
     }
     if device == "cuda" and torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)

@@ -1,35 +1,82 @@
-"""The parent's handle on one worker process: spawn, request/answer with a timeout, kill.
+"""The parent's handle on one worker process: spawn (sandboxed), request/answer with a timeout, kill.
 
 A hang, a crash (segfault, illegal memory access, ``os._exit``) or a forged/incomplete answer
 ends the worker only; the caller gets a :class:`WorkerFailure` naming the status and cause.
+
+Each worker runs in an OS sandbox (:mod:`d2kbench.sandbox`): a fresh user/PID/network/IPC
+namespace under bubblewrap that sees the Python runtime, the task's public files and a staged
+copy of exactly the solution code the static review read, and can write only its private
+folder and its compile cache. It dies with the process that started it. The parent is
+non-dumpable, so nothing can read its memory (the expected values) through ``/proc``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import multiprocessing
+import multiprocessing.util
 import os
 import secrets
+import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import torch.multiprocessing as tmp
+from d2kbench.checking.verdict import WorkerFailure
+from d2kbench.integrity.static import solution_files
+from d2kbench.phases import phase
+from d2kbench.sandbox import bwrap, channel
+from d2kbench.sandbox.policy import sandbox_env, worker_policy
+from d2kbench.sandbox.process import command_line, descendants, new_group_dying_with_parent, protect_parent, unprivileged_child
 
-from d2kbench.harness.phases import phase
-from d2kbench.harness.worker import worker_main
+#: Files of a task folder a worker reads: the spec, the reference, the declared alternatives.
+WORKER_TASK_FILES = ("task.yaml", "reference.py", "alternatives")
+
+
+def cache_root() -> Path:
+    """Where solutions' compile caches live (``D2K_CACHE_DIR``, default ``~/.cache/d2kbench``):
+    one folder per solution content and device, so a solution can only ever write (or poison)
+    its own cache."""
+    return Path(os.environ.get("D2K_CACHE_DIR") or Path.home() / ".cache" / "d2kbench").expanduser()
+
+
+def solution_cache_dir(solution_path: Path, device: str) -> Path:
+    """The compile cache of one solution content on one device (created): keyed by the content
+    of every file the worker sees of it (the solution and the modules of its folder that it
+    imports), so two solutions that differ only in a helper module never share a cache."""
+    h = hashlib.sha256()
+    src = Path(solution_path).resolve()
+    try:
+        files = sorted(solution_files(src))
+    except (SyntaxError, ValueError, OSError):  # unreadable imports: the worker reports them
+        files = [src]
+    for f in files:
+        h.update(str(f.relative_to(src.parent) if f.is_relative_to(src.parent) else f.name).encode() + b"\0")
+        h.update(f.read_bytes() + b"\0")
+    digest = h.hexdigest()[:16]
+    d = cache_root() / "compile" / f"{Path(solution_path).stem}-{digest}-{device}"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def stage_code(solution_path: Path, dest: Path) -> Path:
+    """Copy the solution and the modules it imports from its folder (exactly the files the
+    static review reads, :func:`d2kbench.integrity.static.solution_files`) into ``dest``,
+    keeping their places relative to the solution's folder. Returns the staged solution file."""
+    src = Path(solution_path).resolve()
+    root = src.parent
+    for f in solution_files(src):
+        rel = f.relative_to(root) if f.is_relative_to(root) else Path(f.name)
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, dest / rel)
+    return dest / src.name
+
 
 #: Answer kinds a request may legitimately get back, per op.
 _EXPECTED = {"call": "outputs", "time": "timing", "exit": "bye"}
-
-
-class WorkerFailure(Exception):
-    """The worker failed a request: ``status`` is a Status value, ``cause`` says why."""
-
-    def __init__(self, status: str, cause: str, violations: list[dict] | None = None):
-        super().__init__(f"{status}: {cause}")
-        self.status = status
-        self.cause = cause
-        self.violations = list(violations or [])  # integrity findings ({"rule", "evidence"})
 
 
 class WorkerHandle:
@@ -41,11 +88,13 @@ class WorkerHandle:
         self.solution_path = Path(solution_path)
         self.device = device
         self.timeout_s = timeout_s
-        fd, self.log_path = tempfile.mkstemp(prefix="d2k-worker-", suffix=".log")
-        os.close(fd)
-        self.options = {**(options or {}), "log_path": self.log_path}
-        self.proc = None
+        self.options = dict(options or {})
+        self.proc: subprocess.Popen | None = None
         self.conn = None
+        self.workdir: Path | None = None
+        self.log_path: str | None = None
+        self.sandbox = ""  # how the worker was isolated (SandboxStatus.describe())
+        self.process_filter = ""  # "seccomp" when the worker cannot start processes (untrusted, CPU)
         self.startup_s: dict[str, float] = {}  # the worker's start-up breakdown (seconds, diagnostics)
 
     def start(self) -> None:
@@ -58,28 +107,60 @@ class WorkerHandle:
         self.wait_ready()
 
     def spawn(self) -> None:
-        """Start the worker process without waiting for it (see :meth:`wait_ready`)."""
-        ctx = tmp.get_context("spawn")
-        self.conn, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(
-            target=worker_main,
-            args=(child, str(self.task_root), str(self.solution_path), self.device,
-                  {**self.options, "spawned_at": time.time()}),
-            daemon=True,
-        )
-        self.proc.start()
-        child.close()
+        """Start the worker process without waiting for it (see :meth:`wait_ready`).
 
-    def wait_ready(self) -> None:
-        """Wait for the spawned worker's ``ready`` (it imported the solution).
+        Raises:
+            d2kbench.sandbox.bwrap.SandboxUnavailable: ``D2K_SANDBOX=require`` without a sandbox.
+        """
+        st = bwrap.status()
+        protect_parent()
+        channel.harden_resource_sharer()  # workers fetch their arguments' descriptors from this process
+        self.sandbox = st.describe()
+        self.workdir = Path(tempfile.mkdtemp(prefix="d2k-worker-"))
+        self.log_path = str(self.workdir / "worker.log")
+        trusted = bool(self.options.get("trusted"))
+        code = self.solution_path.resolve() if trusted else stage_code(self.solution_path, self.workdir / "code")
+        cache = solution_cache_dir(self.solution_path, self.device)
+        parent_tmp = multiprocessing.util.get_temp_dir()  # the parent's fd-passing socket lives here
+        mine, theirs = multiprocessing.Pipe(duplex=True)
+        fd = theirs.fileno()
+        argv = [sys.executable, "-m", "d2kbench.harness.worker_boot", str(fd)]
+        if st.active:
+            policy = worker_policy(task_root=self.task_root, task_files=WORKER_TASK_FILES, code=[str(code)],
+                                   workdir=self.workdir, cache_dir=cache, device=self.device, parent_tmp=parent_tmp)
+            if trusted:  # the task's own reference and alternatives may build on other tasks' code
+                policy.hide = []
+            cmd, env = bwrap.command(st.binary, policy, argv), bwrap.launcher_env(st.binary)
+        else:
+            cmd = argv
+            env = sandbox_env(str(self.workdir), {"TRITON_CACHE_DIR": str(cache / "triton"),
+                                                  "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")})
+        # without a sandbox, at least no capabilities (d2k run as root would hand the worker CAP_SYS_PTRACE)
+        preexec = new_group_dying_with_parent if st.active or trusted else unprivileged_child
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, pass_fds=[fd], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                         env=env, cwd=self.workdir, preexec_fn=preexec)
+        theirs.close()
+        self.conn = mine
+        self.conn.send({"authkey": bytes(multiprocessing.current_process().authkey), "task_root": str(self.task_root),
+                        "solution_path": str(code), "device": self.device,
+                        "options": {**self.options, "spawned_at": time.time(), "sandbox": self.sandbox}})
+
+    def wait_ready(self, timeout_s: float | None = None) -> None:
+        """Wait for the spawned worker's ``ready`` (it imported the solution), at most
+        ``timeout_s`` (default: the handle's timeout).
 
         Raises:
             WorkerFailure: import failed (``compile_error``), crash or timeout.
         """
-        reply = self._recv(self.timeout_s, "start")
+        reply = self._recv(timeout_s or self.timeout_s, "start")
         if reply.get("kind") != "ready":
             self.kill()
             raise WorkerFailure("runtime_error", f"worker answered {reply.get('kind')!r} instead of 'ready'")
+        self.process_filter = str(reply.get("process_filter") or "")
+        if self.process_filter.startswith("none"):
+            print(f"d2k: WARNING: the worker of {self.solution_path.name} may start processes: "
+                  f"{self.process_filter}", file=sys.stderr)
         startup = reply.get("startup_s")
         self.startup_s = {k: float(v) for k, v in startup.items() if isinstance(v, (int, float))} \
             if isinstance(startup, dict) else {}
@@ -108,12 +189,23 @@ class WorkerHandle:
         except (BrokenPipeError, ConnectionError, OSError) as e:
             raise self._died(f"could not send {msg.get('op')!r}: {e}") from None
         reply = self._recv(timeout_s or self.timeout_s, msg.get("op", "?"))
+        untrusted_op = msg.get("op") in ("call", "time") and not self.options.get("trusted")
+        refused = channel.refusals_from(self.sandbox_pids()) if untrusted_op else []
+        if refused and isinstance(reply, dict):
+            reply["violations"] = list(reply.get("violations") or []) + [
+                {"rule": "forged_answer", "evidence": e} for e in refused[:3]]
+        strays = self.stray_processes() if untrusted_op else []
+        if strays and isinstance(reply, dict):
+            evidence = f"after {msg.get('op')!r}: {len(strays)} process(es) started by the solution still running: " + \
+                "; ".join(f"pid {p}: {cmd[:80]}" for p, cmd in strays[:3]) + " (killed)"
+            reply["violations"] = list(reply.get("violations") or []) + [{"rule": "child_process", "evidence": evidence}]
         want = _EXPECTED.get(msg.get("op"))
         if not isinstance(reply, dict) or reply.get("kind") != want or reply.get("nonce") != nonce:
             self.kill()
             what = f"forged answer to {msg.get('op')!r} (" + ("wrong kind" if not isinstance(reply, dict) or
                                                             reply.get("kind") != want else "missing the request's nonce")
-            evidence = f"{what}): {str({k: v for k, v in reply.items() if k != 'nonce'} if isinstance(reply, dict) else reply)[:200]}"
+            shown = {k: v for k, v in reply.items() if k != "nonce"} if isinstance(reply, dict) else reply
+            evidence = f"{what}): {str(shown)[:200]}"
             raise WorkerFailure("integrity_violation", f"forged_answer: {evidence}",
                                 [{"rule": "forged_answer", "evidence": evidence}])
         return reply
@@ -128,9 +220,15 @@ class WorkerHandle:
             raise WorkerFailure("timeout", f"no answer to {what!r} within {timeout_s:.0f} s (worker killed)")
         try:
             with phase("transfer_recv"):  # unpickling: opening the answer's CUDA IPC handles
-                reply = self.conn.recv()
+                # an allow-list unpickler: solution code can write frames of its own on this pipe
+                reply = channel.recv(self.conn, str(self.workdir) if self.workdir else None)
         except (EOFError, ConnectionError, OSError):
             raise self._died(f"worker died during {what!r}") from None
+        except channel.UntrustedPickle as e:
+            self.kill()
+            evidence = f"an answer to {what!r} was refused while it was read: {e}"
+            raise WorkerFailure("integrity_violation", f"forged_answer: {evidence}",
+                                [{"rule": "forged_answer", "evidence": evidence}]) from None
         except Exception as e:  # noqa: BLE001 - an unpicklable or garbled answer
             self.kill()
             raise WorkerFailure("runtime_error", f"unreadable answer to {what!r}: {type(e).__name__}: {e}") from None
@@ -140,50 +238,101 @@ class WorkerHandle:
                                 reply.get("violations") if isinstance(reply.get("violations"), list) else None)
         return reply
 
+    def _exitcode(self, wait_s: float) -> int | None:
+        if self.proc is None:
+            return None
+        try:
+            return self.proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            return None
+
     def _died(self, what: str) -> WorkerFailure:
-        code = None
-        if self.proc is not None:
-            self.proc.join(5)
-            code = self.proc.exitcode
-        how = f"exit code {code}"
+        code = self._exitcode(5)
+        how = f"exit code {code}" if code is not None else "still running 5 s later: killed"
         if code is not None and code < 0:
             try:
                 how = f"signal {signal.Signals(-code).name}"
             except ValueError:
                 how = f"signal {-code}"
+        elif code is not None and code > 128 and self.sandbox.startswith("bwrap"):
+            try:  # bubblewrap reports a child killed by a signal as 128 + the signal
+                how = f"signal {signal.Signals(code - 128).name}"
+            except ValueError:
+                pass
         tail = self.log_tail()
         self.kill()
+        if how == "signal SIGSYS" and self.process_filter == "seccomp":
+            evidence = (f"{what}: killed by its seccomp filter (SIGSYS), which it gets for starting a process "
+                        "or a program (fork, clone, exec); nothing of the solution may run unwatched")
+            return WorkerFailure("integrity_violation", f"process_control: {evidence}",
+                                 [{"rule": "process_control", "evidence": evidence}])
         return WorkerFailure("runtime_error", f"{what} ({how})" + (f"; log: {tail}" if tail else ""))
 
     def log_tail(self, n: int = 600) -> str:
+        if not self.log_path:
+            return ""
         try:
-            return Path(self.log_path).read_text(errors="replace")[-n:].strip()
+            text = Path(self.log_path).read_text(errors="replace")
         except OSError:
             return ""
+        # PyTorch's profiler (the CPU backstop of every correctness call) logs its stages: not the solution's
+        lines = [x for x in text.splitlines() if not x.startswith(("USDT:", "STAGE:"))]
+        return "\n".join(lines)[-n:].strip()
+
+    def sandbox_pids(self) -> list[int]:
+        """Host PIDs of the worker's processes (bubblewrap, its init, the worker, its children)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return []
+        return [self.proc.pid] + [pid for pid, _ppid, _start in descendants(self.proc.pid)]
+
+    def stray_processes(self) -> list[tuple[int, str]]:
+        """Processes in the worker's sandbox other than the worker (``(pid, command line)``,
+        host PIDs), killed on sight: a solution's child that outlived the call. Seen from this
+        (trusted) process through ``/proc``; the sandbox's first process (bubblewrap's init, to
+        which orphans are re-parented) and the worker itself are the oldest descendants."""
+        if self.proc is None or self.proc.poll() is not None:
+            return []
+        tree = descendants(self.proc.pid)
+        keep = 2 if self.sandbox.startswith("bwrap") else 0  # bwrap's init, then the worker
+        strays = [(pid, command_line(pid)) for pid, _ppid, _start in tree[keep:]]
+        for pid, _cmd in strays:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        return strays
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(10)
+        """End the worker and every process it started (its sandbox's PID namespace, or its
+        process group where there is no sandbox)."""
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    self.proc.kill()
+            self._exitcode(10)
         if self.conn is not None:
             self.conn.close()
         self.proc = None
         self.conn = None
 
     def close(self) -> None:
-        """Ask the worker to exit; kill it if it does not within 10 s."""
-        if self.proc is not None and self.proc.is_alive():
+        """Ask the worker to exit; kill it if it does not within 10 s; remove its folder."""
+        if self.alive():
             try:
                 self.request({"op": "exit"}, timeout_s=10)
             except WorkerFailure:
                 pass
         self.kill()
-        try:
-            os.unlink(self.log_path)
-        except OSError:
-            pass
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
 
-    def __enter__(self) -> "WorkerHandle":
+    def __enter__(self) -> WorkerHandle:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -1,4 +1,4 @@
-"""Latency measurement (DESIGN.md section 4) and the statistics of the samples.
+"""Latency measurement (docs/timing.md) and the statistics of the samples.
 
 Three timers, all called with ``call(i)`` that runs the solution on input set ``i``:
 
@@ -19,11 +19,13 @@ from __future__ import annotations
 import functools
 import math
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
-from d2kbench.harness.results import TimingStats
+from d2kbench.results import TimingStats
+
+# Imports inside functions: torch loads in the worker, where the worker's start-up phases measure its import.
 
 #: Default minimum/maximum number of timed samples and the target time spent sampling.
 MIN_SAMPLES = 10
@@ -44,7 +46,7 @@ MIN_GRAPH_CALLS = 64
 #: replay's fixed cost.
 GRAPH_REPEAT_MS = 20.0
 #: Events timing keeps the host ahead of the GPU, so that an event window never opens before
-#: the host has launched the call (a window that does holds host launch time: DESIGN.md section 4,
+#: the host has launched the call (a window that does holds host launch time: docs/timing.md, "events",
 #: a ~1 us kernel read 14 us with bare events). The warm-up ends with the GPU idle, so before the
 #: first sample the GPU runs a spin kernel (``torch.cuda._sleep``) of ``HOLD_FACTOR`` x the host
 #: time of one call (measured on an idle GPU), clamped to [``PRIME_US``, ``PRIME_MAX_US``]: the

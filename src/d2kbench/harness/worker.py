@@ -14,17 +14,22 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import tempfile
 import time
 import traceback
 import warnings
 from pathlib import Path
 
+from d2kbench.checking.aliases import find_aliases
+
+# Imports inside functions: the worker's start-up is measured step by step (torch, task, guard, solution), and the
+# guard must be installed before the solution is imported.
+
 #: Module name under which the worker imports the task's ``reference.py`` (before the solution);
 #: :mod:`d2kbench.harness.compiled_reference` finds the reference to compile under it.
 REFERENCE_MODULE = "d2k_task_reference"
 #: Exception class names that mean the solution did not compile.
-_COMPILE_ERRORS = {"CompilationError", "CompileTimeAssertionFailure", "UnsupportedLanguageConstruct", "SyntaxError", "IndentationError"}
+_COMPILE_ERRORS = {"CompilationError", "CompileTimeAssertionFailure", "UnsupportedLanguageConstruct", "SyntaxError",
+                   "IndentationError"}
 
 
 def classify(exc: BaseException) -> str:
@@ -52,11 +57,6 @@ def describe(exc: BaseException, solution_path: str | None = None, limit: int = 
     return text[:limit]
 
 
-def _storage_range(t) -> tuple[int, int]:
-    st = t.untyped_storage()
-    return st.data_ptr(), st.data_ptr() + st.nbytes()
-
-
 def poison_uninitialized_memory(torch, on: bool) -> None:
     """Switch PyTorch's deterministic mode, in which newly allocated memory (``torch.empty`` and
     friends) is filled with NaN (floats) or the largest integer, so that an output a solution
@@ -64,23 +64,27 @@ def poison_uninitialized_memory(torch, on: bool) -> None:
 
     Calls the C switch that ``torch.use_deterministic_algorithms`` wraps: the Python function
     also imports ``torch._inductor`` (2-6 s per worker, measured) only to set an Inductor flag."""
+    torch._C._set_deterministic_fill_uninitialized_memory(True)
     torch._C._set_deterministic_algorithms(on, warn_only=on)
 
 
-def find_aliases(outputs: list, args: list) -> list[str]:
-    """Evidence strings for outputs whose storage overlaps an input's storage."""
-    import torch
-
-    found = []
-    spans = [(i, _storage_range(a)) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-    for k, o in enumerate(outputs):
-        if not isinstance(o, torch.Tensor) or o.untyped_storage().nbytes() == 0:
-            continue
-        lo, hi = _storage_range(o)
-        for i, (alo, ahi) in spans:
-            if lo < ahi and alo < hi:
-                found.append(f"output {k} shares storage with argument {i} ([{lo:#x}, {hi:#x}) vs [{alo:#x}, {ahi:#x}))")
-    return found
+@contextlib.contextmanager
+def timed_call_state(torch, untrusted: bool):
+    """The global state of timed calls of an untrusted solution: deterministic mode on, as in
+    its correctness calls (``torch.are_deterministic_algorithms_enabled()`` cannot tell the two
+    apart), but without filling new memory (a fill kernel per allocation would be timed). Glue
+    ops, the only PyTorch ops a solution may run, have no nondeterministic variants, so their
+    speed is unchanged; trusted code (the reference, alternatives) is timed as it is."""
+    if not untrusted:
+        yield
+        return
+    torch._C._set_deterministic_fill_uninitialized_memory(False)
+    torch._C._set_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch._C._set_deterministic_algorithms(False, warn_only=False)
+        torch._C._set_deterministic_fill_uninitialized_memory(True)
 
 
 class Worker:
@@ -96,6 +100,7 @@ class Worker:
         self.nonce = None  # the current request's nonce, echoed in the answer (forgery check)
         self.guard = None  # d2kbench.integrity.guard.Guard, installed before the solution is imported
         self.findings: list[dict] = []  # integrity findings not yet sent
+        self.held: list = []  # original outputs of the last correctness calls (storage-reuse check)
 
     def send(self, msg: dict) -> None:
         self.conn.send({**msg, "nonce": self.nonce})
@@ -136,6 +141,8 @@ class Worker:
                            trusted=bool(self.options.get("trusted")) or not self.options.get("integrity", True))
         self.guard.install()  # audit hook, launch counter, identity snapshot; armed for the import
         mark("task_and_guard")
+        # the solution's own folder (a staged copy of exactly the reviewed files) for its sibling modules
+        sys.path.insert(0, str(Path(self.solution_path).parent))
         try:
             module = import_file(Path(self.solution_path), "d2k_solution")
             mark("solution_import")
@@ -150,7 +157,8 @@ class Worker:
             self.error("compile_error", f"{Path(self.solution_path).name} defines no callable run()")
             return False
         self.run = run
-        self.send({"kind": "ready", "pid": os.getpid(), "startup_s": dict(marks)})  # seconds, diagnostics
+        self.send({"kind": "ready", "pid": os.getpid(), "startup_s": dict(marks),  # seconds, diagnostics
+                   "process_filter": self.options.get("process_filter", "")})
         return True
 
     def sync(self) -> None:
@@ -164,7 +172,7 @@ class Worker:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 t_in = time.perf_counter()
-                with self.guard.call() as info:  # dispatch monitor, launch count, armed audit hook
+                with self.guard.call(profile=True) as info:  # dispatch monitor, launches, audit hook, CPU profiler
                     t0 = time.perf_counter()
                     result = self.run(*args)
                     self.sync()
@@ -180,6 +188,7 @@ class Worker:
         exact = [type(o) is torch.Tensor for o in outs]
         subclass = [issubclass(type(o), torch.Tensor) and not ok for o, ok in zip(outs, exact)]
         aliases = find_aliases([o for o, ok in zip(outs, exact) if ok], args)
+        reused = self._reused_storage([o for o, ok in zip(outs, exact) if ok])
         # Clone into worker-owned memory: the parent receives storage no input shares.
         t_pack = time.perf_counter()
         sent = [o.detach().clone() if ok else None for o, ok in zip(outs, exact)]
@@ -189,15 +198,31 @@ class Worker:
             "kind": "outputs", "outputs": sent, "types": types, "exact_tensor": exact, "subclass": subclass,
             "container": type(result).__name__, "aliases": aliases, "wall_s": wall,
             "strides": [list(o.stride()) if ok else None for o, ok in zip(outs, exact)],  # the clone may re-lay out
-            "violations": self.findings + info["violations"],
+            "violations": self.findings + info["violations"] + reused,
             "phases": {"unpack": unpack_s, "run": wall, "guard": guard_s,  # seconds, diagnostics
                        "pack": time.perf_counter() - t_pack},
         })
         self.findings = []
 
+    def _reused_storage(self, outs: list) -> list[dict]:
+        """``output_reuse`` when an output's storage overlaps an output of one of the last
+        correctness calls, which this worker still holds: a fresh allocation never does, so the
+        solution returned memory it keeps across calls. Holds ``outs`` for the next calls."""
+        from d2kbench.integrity.guard import overlapping, storage_spans
+
+        if self.guard is None or self.guard.trusted:
+            return []
+        hit = overlapping(storage_spans(outs), [sp for held in self.held for sp in storage_spans(held)])
+        self.held = (self.held + [outs])[-4:]
+        if hit is None:
+            return []
+        return [{"rule": "output_reuse", "evidence": f"an output's storage [{hit[0]:#x}, {hit[1]:#x}) is also the "
+                 "storage of an earlier call's output, which the harness still holds: the solution returns "
+                 "memory it keeps across calls"}]
+
     def do_time(self, msg: dict) -> None:
+        from d2kbench.checking.inputs import args_nbytes, make_args
         from d2kbench.harness import timing
-        from d2kbench.harness.inputs import args_nbytes, make_args
 
         torch = self.torch
         spec = self.task.spec
@@ -226,7 +251,7 @@ class Worker:
         fresh = (lambda: make_args(self.reference, spec, workload, integ["verify_seed"], self.device)) \
             if integ.get("verify_seed") is not None else None
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), timed_call_state(torch, not self.guard.trusted):
                 warnings.simplefilter("ignore")
                 if mode == "cpu":
                     stats = timing.time_cpu(call, n_sets, samples=int(msg.get("cpu_samples", 3)))
@@ -239,6 +264,12 @@ class Worker:
                     flush_buf = torch.empty(max(2 * l2, 128 << 20), dtype=torch.uint8, device="cuda")
                     flush = flush_buf.zero_
                     stats = timing.time_events(call, n_sets, flush=flush, **msg.get("params", {}))
+                if self.device == "cuda":  # one more call, like the timed ones: its peak memory
+                    from d2kbench.harness.memory import CudaAllocatorStats, measure_call
+
+                    _, mem = measure_call(lambda: call(0), CudaAllocatorStats())
+                    stats = stats.model_copy(update={"peak_mem_bytes": mem.peak_bytes,
+                                                     "output_mem_bytes": mem.output_bytes})
             t2 = time.perf_counter()
             extra = self.guard.after_timing(msg, self.run, lambda s: make_args(self.reference, spec, workload, s,
                                                                                 self.device), flush, stats.mean_ms, package)
@@ -278,17 +309,17 @@ class Worker:
 
 
 def worker_main(conn, task_root: str, solution_path: str, device: str, options: dict) -> None:
-    """Entry point of the spawned process (module-level so that spawn can pickle it)."""
-    workdir = tempfile.mkdtemp(prefix="d2k-worker-")
-    os.chdir(workdir)
+    """Serve the parent's requests until ``exit`` (started by :mod:`d2kbench.harness.worker_boot`).
+
+    The working directory is the worker's private folder (the sandbox's only writable place
+    besides its compile cache); stdout and stderr already go to the log the parent quotes."""
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
-    log_path = options.get("log_path")
-    if log_path:  # the solution's prints go to a log the parent can quote, not to the terminal
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
-        sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+        from d2kbench.harness import interpreter_numerics
+
+        interpreter_numerics.install()  # float conversions and tl.fma as on sm_90 (docs/cpu.md)
+    # the solution's prints reach the log line by line, also when the worker is killed
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
     with contextlib.suppress(BrokenPipeError, EOFError, ConnectionResetError):
         Worker(conn, task_root, solution_path, device, options).serve()

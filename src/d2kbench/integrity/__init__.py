@@ -1,4 +1,4 @@
-"""Reward-hacking defences (issue 4): every known way to fake a fast or correct kernel is caught.
+"""Reward-hacking defences: every known way to fake a fast or correct kernel is caught.
 
 Layers (docs/integrity.md has the per-cheat table):
 
@@ -8,7 +8,8 @@ Layers (docs/integrity.md has the per-cheat table):
   identity snapshot, threads, profiler cross-checks;
 * :mod:`.parent` - checks in the trusted parent: sensitivity call, outputs of timed calls, graph
   replays, roofline floor, harness file hashes;
-* :mod:`.evil` and :mod:`.commands` - the evil-solution suite (``d2k evil``).
+* :mod:`.commands` - ``d2k evil`` (the evil-solution suite, run by :mod:`d2kbench.harness.evil`,
+  which sits above the harness because it runs ``evaluate()``) and ``d2k lint``.
 
 :mod:`.rules` names every rule and the catalogue entries it answers.
 """

@@ -7,7 +7,8 @@ processes and signals, and file writes. While *armed* (the solution's import, it
 timing loop), the hook attributes each such event to the code that caused it by walking the
 Python stack past the standard library: the event is the solution's when the first frame outside
 the standard library belongs to the solution (its file, its folder, or code compiled from a
-string). Those events are recorded as ``(rule, evidence)`` and the operation is refused with a
+string, or any code object the solution created at run time, whatever file it names). Those
+events are recorded as ``(rule, evidence)`` and the operation is refused with a
 :class:`PermissionError`. Writes to protected folders (the harness package, the task folder,
 installed packages) are refused whoever asks, except byte-code caches written by the import
 system.
@@ -24,6 +25,9 @@ import site
 import sys
 import sysconfig
 import threading
+
+# Imports inside functions: ctypes, marshal and importlib.util load only when the hook is
+# installed (it keeps ctypes' originals as they are then) or meets the event that needs them.
 
 #: Event -> rule, for events that are the solution's when it caused them.
 ATTRIBUTED = {
@@ -45,16 +49,112 @@ CODE_ATTRS = {"__code__", "__globals__", "__closure__", "__defaults__", "__kwdef
 #: it out (``namedtuple``, ``Enum``, ``typing`` use ``sys._getframe(1)`` for ``__module__``).
 SAFE_FRAME_CALLERS = ("collections/__init__.py", "/enum.py", "/typing.py", "/dataclasses.py", "/warnings.py",
                       "/abc.py", "/functools.py")
+#: Library functions that call ctypes on their own behalf, whoever calls them: (file suffix,
+#: function). PyTorch counts devices through NVML (``dlopen('libnvidia-ml.so.1')``, ``nvmlInit``,
+#: ``nvmlDeviceGetCount``/UUIDs) before CUDA is initialised, so a solution's first Triton launch or
+#: ``torch.cuda`` call reaches it (seen on the H200: every fused_moe_fp8_block expert call
+#: refused as ``ctypes`` at its first launch). They load that one library and read device counts.
+#: They are recognised by the identity of their code objects, taken when the hook is installed
+#: (code compiled at run time can carry any file and function name), and inside them only NVML
+#: is reachable: ``NVML_LIBRARY`` loaded by name, ``NVML_SYMBOLS`` looked up and called.
+SAFE_CTYPES_CALLERS = (("torch/cuda/__init__.py", "_raw_device_count_nvml"),
+                       ("torch/cuda/__init__.py", "_raw_device_uuid_nvml"))
+NVML_LIBRARY = "libnvidia-ml.so.1"
+NVML_SYMBOLS = frozenset({"nvmlInit", "nvmlDeviceGetCount_v2", "nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetUUID"})
+#: Audit events that create code objects with a file name of the caller's choosing (compiled
+#: source, ``CodeType``/``code.replace``, unmarshalled byte code): frames of such code are the
+#: solution's whatever file they name, when the solution created them.
+_CODE_EVENTS = ("compile", "code.__new__", "marshal.loads")
 #: Imports that are the solution's when it caused them (prefix match).
 FORBIDDEN_IMPORTS = ("cupy", "cupyx", "pycuda", "numba", "cuda", "nvmath", "tilelang", "cutlass", "flashinfer",
                      "flash_attn", "xformers", "vllm", "sgl_kernel", "deep_gemm", "transformer_engine",
                      "liger_kernel", "bitsandbytes", "torchao", "triton_kernels", "torch.utils.cpp_extension",
                      "torch._inductor", "torch._dynamo", "cffi", "apex")
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+
+
+def proc_memory_file(path) -> str | None:
+    """The process memory file (``/proc/<pid>/mem``, ``/proc/self/task/<tid>/mem``, ...) that
+    opening ``path`` would reach, or None. A relative path whose last component is ``mem``
+    counts too: ``os.open("mem", dir_fd=<fd of /proc/self>)`` shows the hook only the name."""
+    if isinstance(path, int) or path is None:
+        return None
+    try:
+        p = os.fsdecode(path)
+    except (TypeError, ValueError):
+        return None
+    if not os.path.isabs(p) and os.path.basename(p.rstrip("/")) == "mem":
+        return p
+    real = os.path.realpath(p)
+    parts = real.split("/")
+    if len(parts) >= 4 and parts[1] == "proc" and parts[-1] == "mem" and (parts[2].isdigit() or
+                                                                         parts[2] in ("self", "thread-self")):
+        return real
+    return None
+
+
+def symlink_into_proc(target, link) -> bool:
+    """Whether a symbolic link ``link`` -> ``target`` could lead into ``/proc`` (a relative target
+    counts: the folder a ``dir_fd`` names is not in the audit event)."""
+    try:
+        t = os.fsdecode(target)
+    except (TypeError, ValueError):
+        return False
+    if not os.path.isabs(t):
+        return True
+    return os.path.realpath(t).startswith("/proc/") or os.path.realpath(t) == "/proc"
+
+
 _PATH_EVENTS = {"os.rename": (0, 1), "os.remove": (0,), "os.rmdir": (0,), "os.truncate": (0,), "os.chmod": (0,),
                 "os.chown": (0,), "os.link": (0, 1), "os.symlink": (0, 1), "os.utime": (0,), "os.mkdir": (0,),
                 "shutil.rmtree": (0,), "shutil.move": (0, 1), "shutil.copyfile": (1,), "shutil.copytree": (1,),
                 "os.chflags": (0,), "os.setxattr": (0,), "os.removexattr": (0,)}
+
+
+def _safe_ctypes_codes() -> tuple[tuple, dict | None]:
+    """The code objects of the ``SAFE_CTYPES_CALLERS`` functions and their module's globals as
+    they are now (the worker imports torch before the hook is installed), or none where torch is
+    not loaded."""
+    codes = []
+    mod = sys.modules.get("torch.cuda")
+    for suffix, name in SAFE_CTYPES_CALLERS:
+        code = getattr(getattr(mod, name, None), "__code__", None)
+        if code is not None and code.co_filename.endswith(suffix) and code.co_name == name:
+            codes.append(code)
+    return tuple(codes), (vars(mod) if codes else None)
+
+
+#: What the ``SAFE_CTYPES_CALLERS`` take from ctypes; with these swapped (a poisoned ``ctypes``
+#: module or ``__import__``), they would hand the solution's pointers to NVML.
+_NVML_CTYPES_NAMES = ("CDLL", "byref", "c_int", "c_void_p", "create_string_buffer")
+
+
+def _nvml_addresses() -> frozenset[int]:
+    """Addresses of ``NVML_SYMBOLS`` in the loaded NVML library (empty when it is not loaded):
+    the only foreign functions a ``SAFE_CTYPES_CALLERS`` frame may call."""
+    import _ctypes
+
+    try:
+        handle = _ctypes.dlopen(NVML_LIBRARY, os.RTLD_NOLOAD | os.RTLD_LAZY)
+    except OSError:
+        return frozenset()
+    out = set()
+    for name in NVML_SYMBOLS:
+        try:
+            out.add(int(_ctypes.dlsym(handle, name)))
+        except OSError:
+            pass
+    return frozenset(out)
+
+
+def _code_filenames(code) -> set[str]:
+    """``co_filename`` of ``code`` and of every code object nested in its constants."""
+    out, todo = set(), [code]
+    while todo:
+        c = todo.pop()
+        out.add(c.co_filename)
+        todo += [k for k in c.co_consts if hasattr(k, "co_filename")]
+    return out
 
 
 def _stdlib_dirs() -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -112,6 +212,15 @@ def install(solution_path: str, protected: list[str]) -> AuditRecorder:
     protected_dirs = tuple(sorted({os.path.realpath(p).rstrip(os.sep) + os.sep for p in protected}))
     state = {"armed": False}
     found: list[tuple[str, str]] = []
+    safe_codes, safe_globals = _safe_ctypes_codes()
+    nvml_calls: list[frozenset[int]] = []  # looked up once NVML is loaded
+    import builtins
+    import ctypes
+    genuine_cdll = ctypes.CDLL
+    genuine_import = builtins.__import__
+    genuine_ctypes = {n: getattr(ctypes, n) for n in _NVML_CTYPES_NAMES}
+    trusted_dirs = tuple({*std_dirs, *site_dirs, os.path.dirname(os.path.dirname(own_file)) + os.sep})
+    adopted: set[str] = set()  # files named by code the solution created at run time
     local = threading.local()
     getframe = sys._getframe
     realpath = os.path.realpath
@@ -119,7 +228,51 @@ def install(solution_path: str, protected: list[str]) -> AuditRecorder:
     def is_stdlib(fn: str) -> bool:
         if fn.startswith("<frozen"):
             return True
-        return fn.startswith(std_dirs) and not fn.startswith(site_dirs)
+        return fn.startswith(std_dirs) and not fn.startswith(site_dirs) and fn not in adopted
+
+    def solution_file(fn: str) -> bool:
+        return fn in adopted or is_solution_file(fn, scope) or (fn.startswith("<") and not fn.startswith("<frozen"))
+
+    def genuine(fn: str, event: str, data) -> bool:
+        """Whether code named ``fn`` is what an installed library's file holds: its source
+        (``compile``) or the byte code of its cache (``marshal.loads``), in a trusted folder."""
+        if not fn.startswith(trusted_dirs) or event == "code.__new__":
+            return False
+        try:
+            if event == "compile":
+                with open(fn, "rb") as fh:
+                    disk = fh.read()
+                return isinstance(data, (bytes, str)) and disk == (data.encode() if isinstance(data, str) else data)
+            import importlib.util
+            with open(importlib.util.cache_from_source(fn), "rb") as fh:
+                return fh.read()[16:] == bytes(data)
+        except (OSError, ValueError, TypeError, NotImplementedError):
+            return False
+
+    def adopt(event: str, args: tuple, caller) -> None:
+        """Record the files that code created by the solution claims (``_CODE_EVENTS``): any file
+        when the solution asked (through the standard library), and files outside the installed
+        libraries when it is anywhere on the stack (``compile`` handed to a library's
+        higher-order function; a library compiling its own files while the solution runs, as
+        Triton's interpreter does, stays the library's)."""
+        if not args:
+            return
+        direct = owner(caller) is not None
+        if not direct and involved(caller) is None:
+            return
+        if event == "marshal.loads":
+            import marshal
+            try:
+                names = _code_filenames(marshal.loads(args[0]))
+            except (ValueError, EOFError, TypeError):  # not valid byte code: nothing to adopt
+                return
+        else:
+            names = {args[1]} if len(args) > 1 and isinstance(args[1], str) else set()
+        for fn in names:
+            if fn in adopted or (fn.startswith("<") and not fn.startswith("<frozen")) or is_solution_file(fn, scope):
+                continue
+            if not genuine(fn, event, args[0]) and (direct or not fn.startswith(trusted_dirs)):
+                adopted.add(fn)
 
     def owner(frame) -> tuple[str, int] | None:
         """(file, line) of the solution frame that caused the event, or None if not the solution's."""
@@ -129,10 +282,46 @@ def install(solution_path: str, protected: list[str]) -> AuditRecorder:
             if fn == own_file or is_stdlib(fn):
                 f = f.f_back
                 continue
-            if is_solution_file(fn, scope) or (fn.startswith("<") and not fn.startswith("<frozen")):
+            if solution_file(fn):
                 return fn, f.f_lineno
             return None
         return None
+
+    def involved(frame) -> tuple[str, int] | None:
+        """(file, line) of the innermost solution frame anywhere on the stack, or None."""
+        f = frame
+        while f is not None:
+            fn = f.f_code.co_filename
+            if fn != own_file and not is_stdlib(fn) and solution_file(fn):
+                return fn, f.f_lineno
+            f = f.f_back
+        return None
+
+    def library_ctypes(frame, event: str, args: tuple) -> bool:
+        """Whether the first frame outside the standard library runs the code of a
+        ``SAFE_CTYPES_CALLERS`` function (the very code object) and the event reaches NVML only:
+        ``NVML_LIBRARY`` loaded by name, an ``NVML_SYMBOLS`` symbol looked up in a plain ``CDLL``
+        of it, a call of one of those symbols, a string buffer made."""
+        f = frame
+        while f is not None and (f.f_code.co_filename == own_file or is_stdlib(f.f_code.co_filename)):
+            f = f.f_back
+        if f is None or not any(f.f_code is c for c in safe_codes) or f.f_globals is not safe_globals:
+            return False
+        lib = sys.modules.get("ctypes")
+        if builtins.__import__ is not genuine_import or lib is not ctypes or \
+                any(vars(ctypes).get(n) is not v for n, v in genuine_ctypes.items()):
+            return False
+        if event == "ctypes.dlopen":
+            return len(args) > 0 and type(args[0]) is str and args[0] == NVML_LIBRARY
+        if event == "ctypes.dlsym":
+            lib = args[0] if args else None
+            return (len(args) > 1 and type(lib) is genuine_cdll and type(args[1]) is str and args[1] in NVML_SYMBOLS
+                    and vars(lib).get("_name") == NVML_LIBRARY)
+        if event == "ctypes.call_function":
+            if not nvml_calls or not nvml_calls[-1]:
+                nvml_calls.append(_nvml_addresses())
+            return len(args) > 0 and isinstance(args[0], int) and args[0] in nvml_calls[-1]
+        return event == "ctypes.create_string_buffer"
 
     def where(o: tuple[str, int]) -> str:
         return f"{os.path.basename(o[0])}:{o[1]}"
@@ -163,11 +352,17 @@ def install(solution_path: str, protected: list[str]) -> AuditRecorder:
                 if len(args) < 2 or args[1] not in CODE_ATTRS:
                     return
             elif event == "open":
-                if len(args) < 3 or not ((isinstance(args[2], int) and args[2] & _WRITE_FLAGS) or
-                                         (isinstance(args[1], str) and any(c in args[1] for c in "wax+"))):
+                if args and isinstance(args[0], (str, bytes, os.PathLike)) and proc_memory_file(args[0]):
+                    pass  # reading or writing a process's memory: judged below, whoever asks
+                elif len(args) < 3 or not ((isinstance(args[2], int) and args[2] & _WRITE_FLAGS) or
+                                           (isinstance(args[1], str) and any(c in args[1] for c in "wax+"))):
                     return
-            elif not (event == "import" or event.startswith("ctypes.") or event in _PATH_EVENTS):
+            elif not (event == "import" or event.startswith("ctypes.") or event in _PATH_EVENTS or
+                      event in _CODE_EVENTS):
                 return
+            elif event in _CODE_EVENTS and args and len(args) > 1 and isinstance(args[1], str) and \
+                    args[1].startswith("<") and not args[1].startswith("<frozen"):
+                return  # code named "<string>" and the like is the solution's already
         local.busy = True
         try:
             caller = getframe(1)
@@ -175,15 +370,22 @@ def install(solution_path: str, protected: list[str]) -> AuditRecorder:
                 if event == "os.kill" and args and args[0] == os.getpid():
                     return  # signalling itself ends the worker: a crash, reported as such
                 if rule == "introspection" and event.startswith(("sys._getframe", "sys._current")) and \
-                        caller is not None and caller.f_code.co_filename.endswith(SAFE_FRAME_CALLERS):
+                        caller is not None and caller.f_code.co_filename.endswith(SAFE_FRAME_CALLERS) and \
+                        is_stdlib(caller.f_code.co_filename) and not caller.f_code.co_filename.startswith("<"):
                     return
                 o = owner(caller)
                 if o:
                     refuse(rule, f"{event} from {where(o)}")
             elif event.startswith("ctypes."):
-                o = owner(caller)
-                if o:
+                # the solution anywhere on the stack is enough: a library function handed
+                # ctypes.string_at (or a foreign function) must not launder the call. Neither
+                # Triton (CPU interpreter, NVIDIA backend) nor PyTorch's tensor API calls ctypes;
+                # PyTorch's NVML device count does (SAFE_CTYPES_CALLERS).
+                o = owner(caller) or involved(caller)
+                if o and not library_ctypes(caller, event, args):
                     refuse("ctypes", f"{event} {str(args[:2])[:80]} from {where(o)}")
+            elif event in _CODE_EVENTS:
+                adopt(event, args, caller)
             elif event == "object.__getattr__":
                 if len(args) > 1 and args[1] in FRAME_ATTRS:
                     o = owner(caller)
@@ -200,6 +402,10 @@ def install(solution_path: str, protected: list[str]) -> AuditRecorder:
                     o = owner(caller)
                     if o:
                         refuse("forbidden_library", f"import {name} from {where(o)}")
+            elif event == "open" and (mem := proc_memory_file(args[0] if args else None)):
+                o = owner(caller) or involved(caller)
+                refuse("host_compute", f"open({mem!r}): a process's memory read or written as a file"
+                       + (f" from {where(o)}" if o else " while the solution ran"))
             elif event == "open":
                 path, mode, flags = (list(args) + [None, None, None])[:3]
                 writing = (isinstance(flags, int) and flags & _WRITE_FLAGS) or \
@@ -209,6 +415,10 @@ def install(solution_path: str, protected: list[str]) -> AuditRecorder:
                     if o or not p.endswith(".pyc"):
                         refuse("harness_tampering", f"open({p!r}, {mode or flags!r}) for writing"
                                + (f" from {where(o)}" if o else ""))
+            elif event == "os.symlink" and len(args) > 1 and symlink_into_proc(args[0], args[1]) and \
+                    (o := owner(caller) or involved(caller)):
+                refuse("host_compute", f"os.symlink({str(args[0])[:80]!r}): a link that can reach a process's "
+                       f"memory file, from {where(o)}")
             else:  # rename, remove, chmod, ... of protected paths
                 for i in _PATH_EVENTS[event]:
                     if i < len(args) and (p := protected_path(args[i])):

@@ -6,7 +6,7 @@ kernel the call caused, on any stream, starts inside its window; a short trailin
 work launched after ``run`` returned. :func:`analyse` turns kernels and windows into rules:
 
 * ``hidden_work``: GPU busy time (union of kernel intervals, all streams) above
-  1.3 x event time + 2 us (DESIGN.md section 4), or solution kernels after the last window;
+  1.3 x event time + 2 us (docs/timing.md, "Integrity of a timing"), or solution kernels after the last window;
 * ``forbidden_kernel`` / ``foreign_kernel`` / ``no_triton_kernel``: kernel names against the
   solution's own Triton kernels (names from the launch hook), PyTorch glue and vendor patterns;
 * ``timing_inconsistent``: the timed mean below half of the fresh calls' busy time.
@@ -19,8 +19,10 @@ from __future__ import annotations
 import re
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+
+# Imports inside functions: torch and its profiler load in the worker, only on the GPU paths.
 
 #: Vendor and compiler-generated kernel names (cuBLAS/cuBLASLt incl. Hopper ``nvjet``, CUTLASS,
 #: cuDNN, FlashAttention, cuSOLVER/cuFFT, Inductor's generated Triton kernels).
@@ -115,8 +117,9 @@ def analyse(kernels: list[KernelRecord], windows: list[Window], triton_names: se
                                                "Triton kernels nor PyTorch glue: "
                                                + ", ".join(sorted(set(classes['foreign'])))[:300]))
         if not classes.get("triton"):
+            seen = ", ".join(sorted({k.name for k in inside}))[:200]
             findings.append(("no_triton_kernel", f"profiled call {w.index}: none of the solution's Triton kernels ran "
-                                                 f"(saw {len(inside)} kernels: {', '.join(sorted({k.name for k in inside}))[:200]})"))
+                                                 f"(saw {len(inside)} kernels: {seen})"))
     if windows:
         last = windows[-1].end_ns
         late = [k for k in kernels if k.start_ns > last and kernel_class(k.name, k.kind, triton_names) != "glue"]

@@ -21,6 +21,8 @@ from __future__ import annotations
 import re
 from collections import Counter
 
+# Imports inside functions: torch loads in the worker, when the dispatch monitor is installed.
+
 #: Operators that are glue (schema names without the ``aten::`` prefix).
 GLUE_OPS = frozenset({
     # allocation and fills
@@ -32,11 +34,11 @@ GLUE_OPS = frozenset({
     "_to_copy", "copy_", "clone", "contiguous", "_copy_from", "_copy_from_and_resize", "to", "cat", "stack",
     "_reshape_copy",
     # views and metadata
-    "detach", "alias", "view", "_unsafe_view", "reshape", "_reshape_alias", "as_strided", "expand",
+    "detach", "detach_", "alias", "view", "_unsafe_view", "reshape", "_reshape_alias", "as_strided", "expand",
     "transpose", "t", "permute", "squeeze", "unsqueeze", "select", "slice", "split", "split_with_sizes",
     "chunk", "unbind", "narrow", "flatten", "unflatten", "movedim", "view_as", "diagonal", "unfold",
     "expand_as", "_unsafe_index", "numpy_T", "mT", "mH", "adjoint", "view_as_real", "view_as_complex",
-    "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "size", "stride", "dim", "is_same_size",
+    "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "size", "stride", "dim", "is_same_size", "item",
     "_local_scalar_dense", "is_nonzero", "_has_compatible_shallow_copy_type", "_nested_tensor_size",
 })
 
@@ -91,22 +93,82 @@ def judge(seen: Counter, extra_forbidden: frozenset[str] | set[str] = frozenset(
     return out
 
 
-def make_op_monitor():
-    """A fresh ``(mode, seen)`` pair: entering ``mode`` counts every ATen op into ``seen``.
+#: Host compute (rule ``host_compute``): more scalar reads (``.item()``, ``int(t)``) per call than
+#: any launch planning needs, or more bytes copied from the GPU to the host per call.
+MAX_SCALAR_READS = 64
+MAX_HOST_BYTES = 64 << 10
 
-    The counter lives in the closure, not on the mode object, so that code holding the mode
-    (``_get_current_dispatch_mode()``) finds no attribute to clear.
+
+class OpLog:
+    """What one monitor saw: ``ops`` (ATen schema name -> count), ``host_bytes`` (bytes that
+    GPU tensors copied to the host) and ``scalar_reads`` (``aten::_local_scalar_dense`` calls)."""
+
+    __slots__ = ("ops", "host_bytes")
+
+    def __init__(self) -> None:
+        self.ops: Counter = Counter()
+        self.host_bytes = 0
+
+    @property
+    def scalar_reads(self) -> int:
+        return self.ops.get("aten::_local_scalar_dense", 0)
+
+    def clear(self) -> None:
+        self.ops.clear()
+        self.host_bytes = 0
+
+
+def _host_bytes(name: str, args, kwargs, out) -> int:
+    """Bytes a copy op moved from a GPU tensor into a host tensor (0 for anything else)."""
+    import torch
+
+    if name not in ("aten::_to_copy", "aten::copy_", "aten::to", "aten::_copy_from", "aten::_copy_from_and_resize"):
+        return 0
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    src = next((t for t in (tensors[1:] if name == "aten::copy_" else tensors[:1]) if t.device.type == "cuda"), None)
+    dst = tensors[0] if name == "aten::copy_" and tensors else out
+    if src is None or not isinstance(dst, torch.Tensor) or dst.device.type != "cpu":
+        return 0
+    return dst.numel() * dst.element_size()
+
+
+def make_op_monitor():
+    """A fresh ``(mode, log)`` pair: entering ``mode`` counts every ATen op into the
+    :class:`OpLog` ``log`` (and the bytes GPU tensors copy to the host).
+
+    The log lives in the closure, not on the mode object, so that code holding the mode
+    (``_get_current_dispatch_mode()``) finds no attribute to clear; the CPU profiler and, on the
+    GPU, the kernel list back it up from outside Python (:mod:`d2kbench.integrity.guard`).
     """
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    seen: Counter = Counter()
+    log = OpLog()
 
     class _OpMonitor(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            seen[func._schema.name] += 1
-            return func(*args, **(kwargs or {}))
+            name = func._schema.name
+            log.ops[name] += 1
+            out = func(*args, **(kwargs or {}))
+            moved = _host_bytes(name, args, kwargs, out)
+            if moved:
+                log.host_bytes += moved
+            return out
 
-    return _OpMonitor(), seen
+    return _OpMonitor(), log
+
+
+def judge_host(log: OpLog, where: str = "run()") -> list[tuple[str, str]]:
+    """``host_compute`` when one call read more scalars, or copied more bytes from the GPU to
+    the host, than launch planning needs (:data:`MAX_SCALAR_READS`, :data:`MAX_HOST_BYTES`):
+    the work ran on the host."""
+    out = []
+    if log.scalar_reads > MAX_SCALAR_READS:
+        out.append(("host_compute", f"{where} read {log.scalar_reads} scalars from tensors (.item(), int(t), "
+                                    f"float(t); more than {MAX_SCALAR_READS}): the work ran on the host"))
+    if log.host_bytes > MAX_HOST_BYTES:
+        out.append(("host_compute", f"{where} copied {log.host_bytes} bytes from the GPU to the host (more than "
+                                    f"{MAX_HOST_BYTES}): the work ran on the host"))
+    return out
 
 
 def finite_abs_max(t, sample: int = 1 << 22) -> float:

@@ -1,7 +1,8 @@
 """The integrity rules: one name per defence, what it catches, and which cheats of the catalogue
-(``shared/research/kernelbench_and_hacks.md`` section 2, entries 1-33) it answers.
+(the catalogue of ``docs/integrity.md``: entries 1-33 from the literature of reward hacking in
+kernel benchmarks, 34-47 the attacks on the trust boundary itself) it answers.
 
-A violated rule is recorded as a :class:`~d2kbench.harness.results.Violation` (``rule`` is one
+A violated rule is recorded as a :class:`~d2kbench.results.Violation` (``rule`` is one
 of the names below, ``evidence`` says what was seen) and gives the workload the status
 ``integrity_violation``. Rules whose name starts with ``ast_`` come from the static analysis of
 the solution's source (:mod:`d2kbench.integrity.static`); the others are observed at run time,
@@ -36,12 +37,16 @@ _RULES = [
     Rule("no_triton_launch", "worker", (24, 28, 30),
          "a call of run() launched no Triton kernel (launch-counting hook on JITFunction.run and the "
          "interpreter's InterpretedFunction.run, so it works under TRITON_INTERPRET=1 too)"),
-    Rule("launch_mismatch", "worker", (9, 13),
-         "timed calls on the same input set launched different Triton kernels (a cache hit launches "
-         "fewer kernels than the call that filled the cache)"),
+    Rule("launch_mismatch", "worker", (9, 13, 41),
+         "timed calls on the same input set launched different Triton kernels or the same kernels on "
+         "different grids (a cache hit launches fewer or smaller kernels than the call that filled the cache)"),
     Rule("forbidden_library", "worker", (30,),
          "an entry point of a forbidden library was called or imported while the solution ran "
          "(torch.compile / dynamo / inductor, cpp_extension.load_inline, cupy, cuda-python, vendor packages)"),
+    Rule("host_compute", "worker", (39, 6, 30, 34),
+         "solution code read tensor data on the host (Tensor.numpy/tolist/__array__/__dlpack__, torch.save, "
+         "pickling, a process's memory file /proc/<pid>/mem), or one call read more scalars or copied more "
+         "bytes GPU-to-host than launch planning needs: the work ran on the host, not in Triton kernels"),
     Rule("dispatch_mode_tampered", "worker", (30,),
          "the harness's TorchDispatchMode was removed from the mode stack during run()"),
     Rule("forbidden_kernel", "gpu", (30,),
@@ -59,8 +64,15 @@ _RULES = [
     Rule("timing_inconsistent", "gpu", (9, 13, 8),
          "the timed mean is below half of the GPU busy time of the same solution on fresh inputs "
          "(the timed calls did less work than real calls)"),
-    Rule("background_thread", "worker", (2,),
-         "a Python thread started by the solution was still alive after run() returned or after timing"),
+    Rule("background_thread", "worker", (2, 38),
+         "a Python thread started by the solution was still alive after run() returned or after timing "
+         "(threads started outside the threading module included: every interpreter thread state counts)"),
+    Rule("child_process", "parent", (35, 12, 32),
+         "a process started by the solution was still running after run() returned (seen by the parent "
+         "in the worker's sandbox, from outside it)"),
+    Rule("output_reuse", "worker", (42, 13, 26),
+         "an output's storage overlaps an output of an earlier call that the harness still holds: the "
+         "solution returns memory it keeps across calls (checked on every correctness and timed call)"),
     Rule("monkeypatch", "worker", (4, 5, 31),
          "a function or class the harness relies on (timers, torch.cuda events/sync/graphs, the pipe, "
          "the harness's timing/statistics/worker code, builtins, the task's input generator) was "
@@ -84,15 +96,19 @@ _RULES = [
          "previous call's although the reference output changed (a cache keyed on part of the input)"),
     Rule("exact_tensor_type", "worker", (3,), "an output is a torch.Tensor subclass or proxy, not exactly torch.Tensor"),
     Rule("no_aliasing", "worker", (19,), "an output shares storage with an input"),
-    Rule("forged_answer", "parent", (6, 32),
+    Rule("forged_answer", "parent", (6, 32, 45),
          "the pipe carried an answer the worker protocol did not send (wrong kind or missing the "
-         "request's secret nonce): someone else wrote to the result channel"),
-    Rule("introspection", "worker", (20, 21, 6, 7),
+         "request's secret nonce), or a frame the parent refused to load (a pickle naming a global "
+         "outside its allow-list, a descriptor from a foreign listener), or the parent's resource-sharer "
+         "listener refused a request from the worker: someone else wrote to the channels the parent reads"),
+    Rule("introspection", "worker", (20, 21, 6, 7, 47),
          "solution code reached for frames, the garbage collector, tracing or audit hooks "
          "(sys._getframe, tb_frame, gc.get_objects, sys.settrace, ...); blocked by an audit hook"),
-    Rule("ctypes", "worker", (7, 10, 30), "solution code used ctypes (dlopen/dlsym/foreign calls); blocked by an audit hook"),
-    Rule("process_control", "worker", (32, 6, 12),
-         "solution code tried to fork, exec, spawn a subprocess or send a signal; blocked by an audit hook"),
+    Rule("ctypes", "worker", (7, 10, 30, 47), "solution code used ctypes (dlopen/dlsym/foreign calls); blocked by an audit hook"),
+    Rule("process_control", "worker", (32, 6, 12, 46),
+         "solution code tried to fork, exec, spawn a subprocess or send a signal; blocked by an audit hook, "
+         "and on the CPU by the worker's seccomp filter, which kills the worker (SIGSYS, seen by the parent) "
+         "at any fork, clone of a process or exec"),
     Rule("harness_tampering", "parent", (31,),
          "a harness, task or installed-package file was opened for writing, renamed or removed by the "
          "solution (blocked by an audit hook), or its content hash changed during the evaluation"),
@@ -124,6 +140,9 @@ _RULES = [
          "__import__, importlib, getattr on torch with a computed name)"),
     Rule("ast_process_control", "static", (32,), "source calls os._exit, sys.exit, exit, quit, os.kill, os.fork, os.system"),
     Rule("ast_reference_import", "static", (29,), "source imports the task's reference implementation"),
+    Rule("ast_host_compute", "static", (39,),
+         "host code uses numpy or reads tensor data on the host (.numpy(), .tolist(), torch.from_numpy, "
+         "__array__/__dlpack__, .cpu()/.to('cpu')) outside @triton.jit code"),
 ]
 
 #: Every rule by name.

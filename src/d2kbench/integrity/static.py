@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from d2kbench.harness.results import Violation
+from d2kbench.results import Violation
 
 #: Modules a solution may not import (prefix match on dotted names) -> rule.
 FORBIDDEN_MODULES: dict[str, str] = {
@@ -30,8 +30,13 @@ FORBIDDEN_MODULES: dict[str, str] = {
         "torch._dynamo", "torch._C", "torch._higher_order_ops", "threading", "_thread", "multiprocessing",
         "torch.multiprocessing", "concurrent", "asyncio", "subprocess", "signal", "gc", "inspect",
         "d2kbench", "importlib", "builtins", "socket", "mmap", "pty", "sysconfig", "site",
+        "_posixsubprocess", "posix", "_posixshmem", "resource", "fcntl", "sqlite3", "_sqlite3", "shutil",
     )},
+    **{m: "ast_host_compute" for m in ("numpy", "jax", "cupy.numpy")},
 }
+#: Methods and functions that hand tensor data to host code (rule ``ast_host_compute`` outside
+#: ``@triton.jit`` code).
+HOST_ACCESS_METHODS = {"numpy", "tolist", "cpu", "from_numpy", "__array__", "__dlpack__", "to_dlpack", "from_dlpack"}
 
 #: PyTorch callables that reach vendor kernels or decompositions (resolved dotted names).
 FORBIDDEN_TORCH = {
@@ -305,6 +310,9 @@ class _Analyzer(ast.NodeVisitor):
         if isinstance(func, ast.Attribute) and func.attr in FORBIDDEN_METHODS and not self.in_jit \
                 and not (name or "").startswith(("triton.", "tl.")):
             self.add("ast_forbidden_call", node)
+        if isinstance(func, ast.Attribute) and not self.in_jit and (
+                func.attr in HOST_ACCESS_METHODS or (func.attr == "to" and _names_cpu(node))):
+            self.add("ast_host_compute", node)
         if isinstance(func, ast.Attribute) and func.attr in ("_make_subclass", "_make_wrapper_subclass", "as_subclass"):
             self.add("ast_tensor_subclass", node)
         self.generic_visit(node)
@@ -347,6 +355,63 @@ def _analyze(path: Path, extra_forbidden: tuple[str, ...]) -> _Analyzer | None:
     return a
 
 
+def _names_cpu(call: ast.Call) -> bool:
+    """``x.to("cpu")`` / ``x.to(device="cpu")`` / ``x.to(torch.device("cpu"))``."""
+    vals = list(call.args) + [k.value for k in call.keywords if k.arg == "device"]
+    for v in vals:
+        if isinstance(v, ast.Constant) and isinstance(v.value, str) and v.value.split(":")[0] == "cpu":
+            return True
+        if isinstance(v, ast.Call) and v.args and isinstance(v.args[0], ast.Constant) and v.args[0].value == "cpu":
+            return True
+    return False
+
+
+def _reviewed(solution: Path, forbidden_modules: tuple[str, ...] = ()):
+    """``(path, analysis or None)`` for the solution file and, transitively, every module it
+    imports from its own folder (``mod.py`` or the package ``mod/__init__.py``)."""
+    path = Path(solution).resolve()
+    root = path.parent
+    todo, seen = [path], set()
+    while todo:
+        p = todo.pop(0)
+        if p in seen:
+            continue
+        seen.add(p)
+        a = _analyze(p, forbidden_modules)
+        yield p, a
+        for mod in (a.local_imports if a is not None else []):
+            for cand in (root / f"{mod}.py", root / mod / "__init__.py"):
+                if mod and cand.is_file():
+                    todo.append(cand.resolve())
+
+
+def solution_files(solution: str | Path) -> list[Path]:
+    """The files the static review reads for ``solution``: the file itself and the modules it
+    imports from its own folder, transitively (a package counts with every ``.py`` file in
+    it). The harness stages exactly these into a worker (:mod:`d2kbench.harness.process`), so
+    the code that runs is the code that was reviewed."""
+    out: list[Path] = []
+    for p, _a in _reviewed(Path(solution)):
+        files = sorted(p.parent.rglob("*.py")) if p.name == "__init__.py" and p.parent != Path(solution).resolve().parent \
+            else [p]
+        out += [f for f in files if f not in out]
+    return out
+
+
+def syntax_problem(solution: str | Path) -> str | None:
+    """``file:line: message`` of the first file of :func:`solution_files` that does not
+    compile to byte code (a syntax or indentation error), or None. Lets the harness report a
+    compile error before it starts any worker."""
+    for p in solution_files(solution):
+        try:
+            compile(p.read_bytes(), str(p), "exec")
+        except SyntaxError as e:
+            return f"{p.name}:{e.lineno}: {type(e).__name__}: {e.msg}"
+        except (ValueError, OSError) as e:
+            return f"{p.name}: {type(e).__name__}: {e}"
+    return None
+
+
 def static_violations(solution: str | Path, forbidden_modules: list[str] | tuple[str, ...] = (),
                       limit: int = 25) -> list[Violation]:
     """Review ``solution`` (and the modules it imports from its own folder) with the static rules.
@@ -360,22 +425,9 @@ def static_violations(solution: str | Path, forbidden_modules: list[str] | tuple
         One :class:`Violation` per finding, ``evidence`` = ``file:line: source``; empty if clean
         (or if the file does not parse: the worker reports that as a compile error).
     """
-    path = Path(solution).resolve()
-    root = path.parent
-    todo, seen, findings = [path], set(), []
-    while todo:
-        p = todo.pop(0)
-        if p in seen:
-            continue
-        seen.add(p)
-        a = _analyze(p, tuple(forbidden_modules))
-        if a is None:
-            continue
-        findings.extend(a.findings)
-        for mod in a.local_imports:
-            for cand in (root / f"{mod}.py", root / mod / "__init__.py"):
-                if mod and cand.is_file():
-                    todo.append(cand.resolve())
+    root = Path(solution).resolve().parent
+    findings = [f for _p, a in _reviewed(Path(solution), tuple(forbidden_modules)) if a is not None
+                for f in a.findings]
     uniq, keys = [], set()
     for f in findings:
         key = (f.rule, f.path, f.line)

@@ -56,9 +56,14 @@ import subprocess
 import sys
 import textwrap
 import types
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+
+from d2kbench.tasks.loader import import_file
+
+# Imports inside functions: triton's compiler loads when a file is linted.
 
 #: The rules' names (the ``rule`` field of a :class:`Finding`).
 RULES = ("triton_global", "triton_builtin", "triton_unsupported_call", "triton_lint_error")
@@ -86,7 +91,7 @@ class Finding:
         return f"{Path(self.path).name}:{self.line}: {self.function}: {self.what}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def compiler_builtins() -> frozenset[str]:
     """Names the installed Triton compiler resolves without a global (its ``builtin_namespace``)."""
     try:
@@ -97,7 +102,7 @@ def compiler_builtins() -> frozenset[str]:
         return _FALLBACK_BUILTINS
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _triton_types() -> dict[str, Any]:
     import triton.language as tl
 
@@ -341,8 +346,6 @@ def check_module(module: types.ModuleType) -> list[Finding]:
 
 def check_file_in_process(path: str | Path) -> list[Finding]:
     """Import ``path`` in this process (runs its code!) and check it; import errors are a finding."""
-    from d2kbench.tasks.loader import import_file
-
     path = Path(path).resolve()
     try:
         module = import_file(path)

@@ -1,4 +1,4 @@
-"""The LLM judge and independent design runs (SPEC.md sections 4 and 5, DESIGN.md section 7).
+"""The LLM judge and independent design runs (docs/protocol.md, "Runs" and "Judge").
 
 Runtime alone cannot say whether a gap to the expert is a design or an implementation
 failure; the judge scores, per level (L1 algorithm, L2 dataflow, L3 mechanisms), how far a

@@ -1,4 +1,4 @@
-"""Independent design runs (SPEC.md section 4): ``d2k design TASK --model M --backend B``.
+"""Independent design runs (docs/protocol.md, "Runs"): ``d2k design TASK --model M --backend B``.
 
 The agent gets the task's shared files only: ``task.yaml``, ``reference.py`` and
 ``requirements.md`` (no guidance, no template, no code, no tool that runs anything). Its one
@@ -22,14 +22,23 @@ from __future__ import annotations
 import hashlib
 import json
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from d2kbench.agents.backends import BackendError, MalformedOutputError, get_backend
+from d2kbench.agents.pricing import load_prices
+from d2kbench.agents.recording import RunRecorder, task_leak_paths
+from d2kbench.agents.runner import backend_keys
+from d2kbench.agents.workspace import TARGET_GPU
 from d2kbench.judge.design_schema import SCHEMA_VERSION, ModelDesign, validate_design
 from d2kbench.judge.jsonschemas import provider_schema
 from d2kbench.judge.prompts import load_prompt, prompt_version
+from d2kbench.judge.targets import design_sha256
+from d2kbench.store import Store
+from d2kbench.store.redact import secret_values
+from d2kbench.tasks import load_task
 
 #: Guidance label of design runs in the ``runs`` table.
 DESIGN_GUIDANCE = "design"
@@ -44,8 +53,14 @@ NUDGE = (f"You have not submitted a design yet. Call the `{SUBMIT_TOOL}` tool wi
          "as its arguments; that is the only way to deliver the design.")
 
 
+#: The fields of a design run's identity (:meth:`DesignRunSpec.key`): the experiment, not the
+#: endpoint, its credentials or the response length.
+DESIGN_IDENTITY_FIELDS = ("task", "model", "backend", "seed", "budget_turns")
+
+
 class DesignRunSpec(BaseModel):
-    """One design run. Every field but ``campaign`` is part of its identity (:meth:`key`)."""
+    """One design run. Its identity (:meth:`key`) is :data:`DESIGN_IDENTITY_FIELDS`, as for
+    agent runs (docs/protocol.md, "Run identity and secrets")."""
 
     model_config = ConfigDict(extra="forbid")
     task: str
@@ -67,9 +82,17 @@ class DesignRunSpec(BaseModel):
         return v
 
     def key(self) -> str:
-        """A stable 16-hex-digit identity (its attempts share it)."""
-        ident = {**self.model_dump(mode="json", exclude={"campaign"}), "guidance": DESIGN_GUIDANCE}
+        """A stable 16-hex-digit identity (its attempts share it): a hash of
+        :data:`DESIGN_IDENTITY_FIELDS` and the design guidance only."""
+        ident = {**self.model_dump(mode="json", include=set(DESIGN_IDENTITY_FIELDS)), "guidance": DESIGN_GUIDANCE}
         return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+
+    def keys(self) -> list[str]:
+        """Every key a recorded attempt may carry: :meth:`key`, then the identity older versions
+        gave it (every field but ``campaign``, endpoint and options included)."""
+        ident = {**self.model_dump(mode="json", exclude={"campaign"}), "guidance": DESIGN_GUIDANCE}
+        legacy = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+        return list(dict.fromkeys((self.key(), legacy)))
 
 
 class DesignRunOutcome(BaseModel):
@@ -83,7 +106,7 @@ class DesignRunOutcome(BaseModel):
     submissions: int = 0
     accepted: bool = False
     design_path: str | None = None
-    cost_usd: float = 0.0
+    cost_usd: float | None = 0.0  # None: a model without a price (unknown, never US$0)
 
 
 def submit_tool() -> dict:
@@ -106,8 +129,6 @@ def shared_files_text(task) -> str:
 
 def design_prompts(task, budget_turns: int) -> tuple[str, str, str]:
     """``(system, first user message, prompt version)`` of a design run on ``task``."""
-    from d2kbench.agents.workspace import TARGET_GPU
-
     system_p, task_p = load_prompt("design_agent_system"), load_prompt("design_agent_task")
     system = system_p.render(target_gpu=TARGET_GPU, budget_turns=budget_turns)
     user = task_p.render(task_id=task.id, task_title=task.spec.title, files=shared_files_text(task))
@@ -140,16 +161,11 @@ def run_design(spec: DesignRunSpec, *, store_path: str | Path, runs_root: str | 
         The outcome; the run row is ``finished`` (``completed``: a design was accepted;
         ``budget``: none within the budget) or ``failed`` (provider or harness error).
     """
-    from d2kbench.agents.backends import BackendError, MalformedOutputError, get_backend
-    from d2kbench.agents.pricing import load_prices
-    from d2kbench.agents.recording import RunRecorder, task_leak_paths
-    from d2kbench.store import Store
-    from d2kbench.tasks import load_task
-
     say = progress or (lambda _m: None)
     store = Store(store_path)
+    store.add_secrets([*secret_values(spec.backend_options), *backend_keys(backend)])
     key = spec.key()
-    attempt = attempt or len(store.runs_of(run_key=key)) + 1
+    attempt = attempt or max([0, *(r["attempt"] for k in spec.keys() for r in store.runs_of(run_key=k))]) + 1
     run_id = f"{key}-a{attempt}"
     run_dir = Path(runs_root).resolve() / run_id
     task = load_task(spec.task)
@@ -176,6 +192,7 @@ def run_design(spec: DesignRunSpec, *, store_path: str | Path, runs_root: str | 
     try:
         if backend is None:
             backend = get_backend(spec.backend, spec.model, spec.base_url, **spec.backend_options)
+        store.add_secrets(backend_keys(backend))
         while design is None:
             if turn >= spec.budget_turns:
                 exit_reason = "budget"
@@ -244,7 +261,6 @@ def run_design(spec: DesignRunSpec, *, store_path: str | Path, runs_root: str | 
         design_path = run_dir / "model_design.json"
         design_path.write_text(json.dumps(design, indent=2, ensure_ascii=False) + "\n")
     rec.finalize_totals()
-    from d2kbench.judge.targets import design_sha256
 
     summary = {"design": design, "design_sha256": design_sha256(design) if design else None,
                "design_path": str(design_path) if design_path else None, "submissions": submissions,
@@ -254,7 +270,8 @@ def run_design(spec: DesignRunSpec, *, store_path: str | Path, runs_root: str | 
                      summary=summary)
     store.close()
     say(f"design run {run_id}: {status} ({exit_reason}); {submissions} submissions, "
-        f"{'accepted' if design else 'no accepted design'}; cost ${rec.cost_usd:.4f}")
+        f"{'accepted' if design else 'no accepted design'}; cost "
+        + (f"${rec.cost_usd:.4f}" if rec.cost_usd is not None else f"unknown (no price for {', '.join(sorted(rec.unpriced))})"))
     return DesignRunOutcome(run_id=run_id, status=status, exit_reason=exit_reason, error=error, turns=rec.turns,
                             submissions=submissions, accepted=design is not None,
                             design_path=str(design_path) if design_path else None, cost_usd=rec.cost_usd)

@@ -1,4 +1,4 @@
-"""``model_design.json``: what an independent design run submits (SPEC.md section 4).
+"""``model_design.json``: what an independent design run submits (docs/protocol.md, "Runs").
 
 The agent sees only the shared task files and must propose a design in three levels, each
 entry a *causal chain* from a bottleneck at the registered shapes, through a change, to the
@@ -138,7 +138,7 @@ class ModelDesign(_Strict):
     dataflow: Dataflow
 
     @model_validator(mode="after")
-    def _references(self) -> "ModelDesign":
+    def _references(self) -> ModelDesign:
         problems = []
         ids = [e.id for e in (*self.L1, *self.L2, *self.L3)]
         dup = sorted({i for i in ids if ids.count(i) > 1})

@@ -1,4 +1,4 @@
-"""Mechanical verification of a verdict's evidence (SPEC.md section 5, DESIGN.md section 7).
+"""Mechanical verification of a verdict's evidence (docs/protocol.md, "Judge").
 
 Every rule is deterministic and implemented here; a level whose evidence breaks any rule
 scores 0. The rules, per level:
@@ -21,6 +21,18 @@ Code citations (implementation judge)
     lines must be executable; comment and blank lines are tolerated only strictly inside a
     range. So a citation of a comment, a docstring or a blank line always fails, and a range
     cannot be padded with commentary to look like code.
+  * **Relevance** (evidence that proves something): every citation quotes its key code
+    (``code``, at least :data:`MIN_CODE_CHARS` characters besides whitespace), and
+
+    - the quote sits inside the cited range: it is found in the range's code (comments
+      removed) with whitespace ignored, possibly across lines, and not elsewhere only;
+    - the lines it covers hold *work* (:data:`d2kbench.judge.sourcelines.WORK`): imports,
+      decorators, ``def``/``class`` signatures, constants (an assignment of a literal value)
+      and no-ops (``pass``, ``return out``, an alias ``y = x``) alone are not evidence,
+      wherever they sit;
+    - that work is reachable from the entry point ``run``: code that ``run`` never calls,
+      launches or reads (a dead "optimised" helper next to a naive path) proves nothing about
+      what runs (:func:`d2kbench.judge.sourcelines.reachable_lines`).
 
 Design quotes (design judge)
   * Both sides are normalised identically and minimally: Unicode NFC, line ends to LF, every
@@ -39,11 +51,11 @@ import re
 import unicodedata
 from dataclasses import dataclass, field
 
-from d2kbench.judge.sourcelines import BLANK, CODE, COMMENT, DOCSTRING, SourceError, SourceFile
+from d2kbench.judge.sourcelines import BLANK, CODE, COMMENT, DECLARATIVE, DOCSTRING, SourceError, SourceFile
 from d2kbench.judge.verdict import CodeCitation, DesignLevel, DesignQuote, ImplLevel
 
 #: Version of the verification rules; part of the judge cache key.
-VERIFIER_VERSION = "1"
+VERIFIER_VERSION = "3"
 #: Most evidence items per level.
 MAX_EVIDENCE = 4
 #: Shortest design quote, in characters after normalisation.
@@ -52,6 +64,8 @@ MIN_QUOTE_CHARS = 12
 MAX_SPAN = 40
 #: Least share of executable lines in a cited range.
 MIN_EXECUTABLE_SHARE = 0.5
+#: Shortest key-code quote of a citation, in characters other than whitespace.
+MIN_CODE_CHARS = 8
 
 _WS = re.compile(r"\s+")
 _QUOTE_MARKS = "\"'`\u201c\u201d\u2018\u2019\u00ab\u00bb"
@@ -148,6 +162,59 @@ def check_citation(c: CodeCitation, files: dict[str, SourceFile]) -> str | None:
     share = kinds.count(CODE) / len(kinds)
     if share < MIN_EXECUTABLE_SHARE:
         return f"{rng}: only {kinds.count(CODE)} of {len(kinds)} lines are executable"
+    return check_key_code(c, f, rng)
+
+
+_LINE_NUMBER = re.compile(r"^\s*\d+\t", re.M)
+
+
+def _squeeze(text: str) -> str:
+    return "".join(text.split())
+
+
+def located_code(c: CodeCitation, f: SourceFile) -> list[int] | None:
+    """The lines of ``c``'s range that its key-code quote covers (whitespace ignored, comments
+    removed, across lines), or None when the quote is not inside the range."""
+    quote = _squeeze(_LINE_NUMBER.sub("", unicodedata.normalize("NFC", c.code)))
+    if not quote:
+        return None
+    text, owner = "", []
+    for k in range(c.start_line, c.end_line + 1):
+        if f.kind(k) != CODE:
+            continue
+        part = _squeeze(unicodedata.normalize("NFC", f.code_lines[k - 1]))
+        text += part
+        owner += [k] * len(part)
+    at = text.find(quote)
+    if at < 0:
+        return None
+    return sorted(set(owner[at:at + len(quote)]))
+
+
+def check_key_code(c: CodeCitation, f: SourceFile, rng: str) -> str | None:
+    """Why the key code of citation ``c`` (of file ``f``) is not relevant evidence, or None
+    (rules in the module docstring, "Relevance")."""
+    quote = _squeeze(c.code)
+    if len(quote) < MIN_CODE_CHARS:
+        return (f"{rng}: the key code {c.code.strip()!r} has {len(quote)} characters besides whitespace, at least "
+                f"{MIN_CODE_CHARS} are needed (quote the statement that does the work)")
+    covered = located_code(c, f)
+    if covered is None:
+        where = ""
+        whole = located_code(c.model_copy(update={"start_line": 1, "end_line": len(f.lines)}), f)
+        if whole:
+            where = f" (it is at line {whole[0]}: cite that line)"
+        return f"{rng}: the key code {_short(c.code.strip())} is not inside the cited lines{where}"
+    work = [k for k in covered if f.roles[k - 1] not in DECLARATIVE and f.roles[k - 1] is not None]
+    if not work:
+        roles = sorted({f.roles[k - 1] or "no statement" for k in covered})
+        return (f"{rng}: the key code is only {' and '.join(roles)} "
+                "lines; imports, decorators, signatures, constants and no-ops (a bare return, an alias) are not "
+                "evidence: cite the code that does the work")
+    reach = f.reachable
+    if reach is not None and not any(k in reach for k in work):
+        return (f"{rng}: the key code is in code that run() never reaches (not called, launched or read from "
+                "run): it shows nothing about what runs")
     return None
 
 

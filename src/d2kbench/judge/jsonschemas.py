@@ -22,14 +22,14 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from d2kbench.judge.design_schema import ModelDesign
+from d2kbench.judge.verdict import DesignVerdict, ImplVerdict
+
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
 _DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
 
 def _models() -> dict[str, type[BaseModel]]:
-    from d2kbench.judge.design_schema import ModelDesign
-    from d2kbench.judge.verdict import DesignVerdict, ImplVerdict
-
     return {"model_design.schema.json": ModelDesign, "impl_verdict.schema.json": ImplVerdict,
             "design_verdict.schema.json": DesignVerdict}
 

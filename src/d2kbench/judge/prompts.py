@@ -6,7 +6,7 @@ verdict records the versions of the files it used (``judge_system@1+judge_impl@1
 the cache key also covers the files' text, so an edit without a version bump still
 invalidates cached verdicts.
 
-Inputs (SPEC.md section 5), never runtime:
+Inputs (docs/protocol.md, "Judge"), never runtime:
 
 * implementation: the guidance (all levels), the rubric with its judge notes (the property ids
   the verdict must use), the expert source (unnumbered, not citable) and the candidate source

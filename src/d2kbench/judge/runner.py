@@ -22,20 +22,29 @@ Flow of :func:`judge` for one subject and one sample:
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pydantic import BaseModel, Field
 
+from d2kbench.agents.backends import BackendError, MalformedOutputError, Usage, get_backend
+from d2kbench.agents.pricing import load_prices, price_turn
 from d2kbench.judge.cache import find_cached, input_hash, sha256_text
 from d2kbench.judge.design_schema import design_leaves
 from d2kbench.judge.evidence import VERIFIER_VERSION, LevelCheck, verify_design_level, verify_impl_level
 from d2kbench.judge.jsonschemas import provider_schema
 from d2kbench.judge.prompts import (
-    JudgePrompt, criteria_texts, design_prompt, impl_prompt, repair_message, rubric_properties,
+    JudgePrompt,
+    criteria_texts,
+    design_prompt,
+    impl_prompt,
+    repair_message,
+    rubric_properties,
 )
 from d2kbench.judge.scoring import SampleStats, judge_score, summarize, verified_score
 from d2kbench.judge.targets import DesignSubject, ImplSubject, expert_source
 from d2kbench.judge.verdict import LEVELS, VERDICT_MODELS, MalformedVerdict, parse_verdict
+from d2kbench.store.redact import redact_url, secret_values
 
 #: Backend options that do not change a model's answer (left out of the cache key) or are secret.
 _NOT_IN_KEY = frozenset({"api_key", "http_client", "timeout_s", "retry", "on_retry", "binary", "env", "stream"})
@@ -136,8 +145,6 @@ class _LazyBackend:
 
     def get(self):
         if self.backend is None:
-            from d2kbench.agents.backends import get_backend
-
             self.backend = get_backend(self.cfg.backend, self.cfg.model, self.cfg.base_url, **self.cfg.options)
             self.owned = True
         return self.backend
@@ -149,8 +156,6 @@ class _LazyBackend:
 
 def _price(usage, model: str) -> float | None:
     try:
-        from d2kbench.agents.pricing import load_prices, price_turn
-
         return price_turn(usage, model, load_prices())
     except (FileNotFoundError, ValueError, ImportError):
         return None
@@ -159,8 +164,6 @@ def _price(usage, model: str) -> float | None:
 def _ask(backend, messages: list[dict], system: str, schema: dict, max_tokens: int) -> tuple[str, Any, Any, str]:
     """One model answer: ``(text, decoded JSON or None, usage, model)``; a reply that is not
     JSON comes back with ``None`` (a malformed verdict), provider failures raise JudgeError."""
-    from d2kbench.agents.backends import BackendError, MalformedOutputError, Usage
-
     try:
         comp = backend.complete(messages, system=system, json_schema=schema, max_tokens=max_tokens)
     except MalformedOutputError as e:
@@ -250,9 +253,11 @@ def judge(subject: ImplSubject | DesignSubject, cfg: JudgeConfig, *, store=None,
 
 def _judge(subject, cfg: JudgeConfig, store, lazy: _LazyBackend, sample: int, say) -> JudgeRecord:
     task = subject.task
+    if store is not None:
+        store.add_secrets(secret_values(cfg.options))  # a judge's API key never reaches a verdict
     kind = "impl" if isinstance(subject, ImplSubject) else "design"
     rubric_file = (task.root / "rubric.yaml").read_text()
-    judge_info = {"backend": cfg.backend, "model": cfg.model, "base_url": cfg.base_url,
+    judge_info = {"backend": cfg.backend, "model": cfg.model, "base_url": redact_url(cfg.base_url or "") or None,
                   "rubric_version": task.rubric.version, "rubric_sha256": sha256_text(rubric_file),
                   "verifier_version": VERIFIER_VERSION}
     runnable = subject.eligible if kind == "impl" else subject.design is not None
@@ -328,7 +333,6 @@ def _judge(subject, cfg: JudgeConfig, store, lazy: _LazyBackend, sample: int, sa
         problems = "; ".join(attempts[-1].problems) or "no answer"
         raise JudgeError(f"the judge ({cfg.backend}:{cfg.model}) gave no valid {kind} verdict"
                          f"{' after the repair round' if len(attempts) > 1 else ''}: {problems}")
-    from d2kbench.agents.backends import Usage
 
     total = Usage.total(usages)
     rec = JudgeRecord(kind=kind, task=task.id, target=subject.target, status="judged", reason=subject.reason,

@@ -1,8 +1,8 @@
 """Judge scores: verified level scores, JS, and statistics over repeated samples.
 
 A level keeps the judge's score only when its evidence verified; otherwise it scores 0.
-JS is the equal-weight mean of the three verified level scores (SPEC.md section 5: no caps,
-no pass/fail). With several samples per subject the reported figure is the median, with the
+JS is the equal-weight mean of the three verified level scores (docs/protocol.md, "Judge";
+no caps, no pass/fail). With several samples per subject the reported figure is the median, with the
 spread (max - min) as a health measure of the judge.
 """
 

@@ -1,8 +1,10 @@
 """What the judge assesses: a run's final candidate, a solution file, or a design.
 
-* :func:`impl_from_run`: a run id (or a unique prefix) from the store -> its final candidate
-  (the eligible candidate with the highest geomean speedup). A run without one is judged
-  *ineligible* (score 0, no model call). Target: the run id.
+* :func:`impl_from_run`: a run id (or a unique prefix) from the store -> its final candidate,
+  chosen by the scoring rule (:func:`d2kbench.scoring.selection.final_candidate`, the one
+  Table 2 attributes the verdict to); a store that records another final candidate is an
+  error. Target: the candidate's source SHA-256 (its content hash). A run without a correct
+  candidate is judged *ineligible* (score 0, no model call); target: the run id.
 * :func:`impl_from_solution`: a solution name of a task (``expert``, ``straightforward``) or a
   path. Eligibility comes from the store (the newest evaluation of the file's SHA-256), from
   the task itself (its own solutions must pass every check: ``d2k validate``), or from a fresh
@@ -21,8 +23,12 @@ from pathlib import Path
 from d2kbench.judge.cache import canonical_json, sha256_text
 from d2kbench.judge.design_schema import validate_design
 from d2kbench.judge.sourcelines import SourceFile
-from d2kbench.tasks import load_task
+from d2kbench.scoring.metrics import ScoringError
+from d2kbench.scoring.stored import check_recorded_final, stored_candidates
+from d2kbench.tasks import TaskFileError, load_task
 from d2kbench.tasks.loader import Task
+
+# Imports inside functions: the harness (and torch) load only when a candidate must be evaluated now.
 
 #: The name the candidate file has in the judge's listing (citations use it).
 CANDIDATE_NAME = "solution.py"
@@ -97,8 +103,6 @@ def find_run(store, ref: str):
 
 
 def _load_task(task_id: str) -> Task:
-    from d2kbench.tasks import TaskFileError
-
     try:
         return load_task(task_id)
     except TaskFileError as e:
@@ -106,10 +110,11 @@ def _load_task(task_id: str) -> Task:
 
 
 def impl_from_run(store, ref: str) -> ImplSubject:
-    """The final candidate of run ``ref`` (id or unique prefix).
+    """The final candidate of run ``ref`` (id or unique prefix), by the scoring rule.
 
     Raises:
-        TargetError: unknown run, a design run, a run still running, or a final candidate
+        TargetError: unknown run, a design run, a run still running, a store whose recorded
+            final candidate is not the one the scoring rule selects, or a final candidate
             whose snapshot is missing or no longer matches its recorded hash.
     """
     run = find_run(store, ref)
@@ -121,25 +126,25 @@ def impl_from_run(store, ref: str) -> ImplSubject:
     task = _load_task(run["task"])
     cands = store.candidates_of(run_id)
     meta = {"run_id": run_id, "guidance": run["guidance"], "agent_model": run["model"], "candidates": len(cands)}
-    if run["final_candidate"] is None:
+    try:
+        final = check_recorded_final(run, stored_candidates(store, [run_id]).records(run_id))
+    except ScoringError as e:
+        raise TargetError(str(e)) from None
+    if final is None:
         why = ("the run has no candidates" if not cands
                else f"none of the run's {len(cands)} candidates is fully correct")
         return ImplSubject(task, run_id, None, False, why, meta)
-    row = next((c for c in cands if c["id"] == run["final_candidate"]), None)
-    if row is None:
-        raise TargetError(f"run {run_id}: final candidate {run['final_candidate']} is not in the candidates table")
+    row = next(c for c in cands if c["id"] == final.id)
     path = Path(row["path"])
     if not path.is_file():
         raise TargetError(f"run {run_id}: the snapshot of final candidate {row['id']} is missing ({path})")
     text = path.read_text()
     if sha256_text(path.read_bytes()) != row["solution_sha256"]:
         raise TargetError(f"run {run_id}: snapshot {path} no longer matches the SHA-256 recorded at submission")
-    if not row["eligible"]:
-        raise TargetError(f"run {run_id}: final candidate {row['id']} is not eligible (inconsistent store)")
     meta.update({"candidate_id": row["id"], "path": str(path), "sha256": row["solution_sha256"],
                  "eval_id": row["eval_id"], "turn": row["turn"]})
-    return ImplSubject(task, run_id, SourceFile(CANDIDATE_NAME, text), True,
-                       f"final candidate {row['id']} of the run (eligible)", meta)
+    return ImplSubject(task, row["solution_sha256"], SourceFile(CANDIDATE_NAME, text), True,
+                       f"final candidate {row['id']} of run {run_id} (eligible; the scoring rule's choice)", meta)
 
 
 def _stored_eligibility(store, sha: str) -> tuple[bool, str] | None:

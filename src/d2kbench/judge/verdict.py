@@ -13,13 +13,16 @@ strictly they enforce a schema. Per level (``L1``, ``L2``, ``L3``) the judge giv
 
 Evidence comes first in every level so that a model writing the fields in order collects
 evidence before it scores. Limits on evidence (1-4 per nonzero level, minimum quote length,
-executable lines) are *not* part of the schema: they are checked by
+executable lines, a relevant key-code quote inside each cited range) are *not* part of the
+schema: they are checked by
 :mod:`d2kbench.judge.evidence`, so that a violation zeroes one level instead of voiding the
 whole verdict. The schema stays inside the subset that strict structured-output modes accept
 (every property required, no additional properties, no string-length keywords).
 """
 
 from __future__ import annotations
+
+import json
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -31,11 +34,15 @@ class _Strict(BaseModel):
 
 
 class CodeCitation(_Strict):
-    """An inclusive line range of one judged file, as numbered in the listing the judge saw."""
+    """An inclusive line range of one judged file, as numbered in the listing the judge saw,
+    and the key code in it (verbatim) that realises the property."""
 
     file: str = Field(description="The judged file's name exactly as shown in its listing header.")
     start_line: int = Field(description="First cited line (1-based, inclusive).")
     end_line: int = Field(description="Last cited line (1-based, inclusive).")
+    code: str = Field(description="The key code of the cited lines, copied verbatim without line numbers: the "
+                                  "statement(s) that do the work the property names (a computation, launch, load, "
+                                  "store, branch or loop), not an import, decorator, constant or signature.")
     supports: str = Field(description="Id of the rubric property of this level that these lines realise.")
 
 
@@ -125,8 +132,6 @@ def parse_verdict(kind: str, data) -> ImplVerdict | DesignVerdict:
         MalformedVerdict: not JSON, not an object, or not of the verdict's shape (every
             offending field is named).
     """
-    import json
-
     model = VERDICT_MODELS[kind]
     if isinstance(data, (str, bytes)):
         try:

@@ -6,7 +6,8 @@ import re
 from dataclasses import dataclass
 
 from d2kbench.harness.benchmark import BenchmarkResult
-from d2kbench.report.evaluation import fmt_opt, late_starts_line, overhead_line
+from d2kbench.harness.summary import fmt_opt, late_starts_line, overhead_line
+from d2kbench.tasks.loader import ALT_PREFIX, TaskFileError, load_task
 
 _BAR = re.compile(r"^\s*([\w.:\-/]+)\s*/\s*([\w.:\-/]+)\s*>=\s*([0-9.]+)\s*$")
 
@@ -21,7 +22,7 @@ class Bar:
     factor: float
 
     @classmethod
-    def parse(cls, text: str) -> "Bar":
+    def parse(cls, text: str) -> Bar:
         """``"expert/reference>=1.8"`` -> Bar. Raises ValueError on another form."""
         m = _BAR.match(text)
         if not m:
@@ -39,9 +40,10 @@ class Bar:
         return out
 
 
-#: Issue 8's bars per bound class (d2kbench.scoring.sol.bound_of): memory-bound workloads reach
-#: >= 70% of SOL on the measured HBM ceiling, compute-bound ones >= 50% of SOL on the measured
-#: bf16 ceiling, latency-class ones run within 3x of the measured launch floor.
+#: The bars per bound class (docs/timing.md, "The bars a task's expert meets on the H200";
+#: d2kbench.scoring.sol.bound_of): memory-bound workloads reach >= 70% of SOL on the measured
+#: HBM ceiling, compute-bound ones >= 50% of SOL on the measured bf16 ceiling, latency-class
+#: ones run within 3x of the measured launch floor.
 BOUND_BARS = {"memory": ("pct_sol", ">=", 70.0), "compute": ("pct_sol", ">=", 50.0),
               "latency": ("x_launch_floor", "<=", 3.0)}
 _METRIC_NAME = {"pct_sol": "% SOL", "x_launch_floor": "x launch floor"}
@@ -85,8 +87,6 @@ def _ms(bench: BenchmarkResult, sol: str, wl: str) -> str:
 def _alternative_lines(bench: BenchmarkResult) -> list[str]:
     """A legend of the task's alternatives (``alt:NAME``) in the benchmark, with what each runs
     (from the task's ``task.yaml``; ``?`` when the task cannot be loaded). Empty without any."""
-    from d2kbench.tasks.loader import ALT_PREFIX, TaskFileError, load_task
-
     alts = [r.solution for r in bench.runs if r.solution.startswith(ALT_PREFIX)]
     if not alts:
         return []
@@ -97,6 +97,33 @@ def _alternative_lines(bench: BenchmarkResult) -> list[str]:
     return ["## Alternatives", "", "`alt:NAME` columns are what a user would run instead of writing the kernel "
             "(trusted code, checked like every solution).", "", "| solution | what it runs |", "|---|---|",
             *[f"| {a} | {desc.get(a, '?')} |" for a in alts], ""]
+
+
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2 ** 20:.0f}"
+
+
+def _memory_lines(bench: BenchmarkResult, sols: list[str], workloads: list[str]) -> list[str]:
+    """Peak device memory of one call per solution and workload (GPU runs; empty when no timing
+    recorded it): ``peak (extra)`` in MiB, extra = peak minus the returned tensors."""
+    cells, seen = {}, False
+    for s in sols:
+        for w in workloads:
+            r = bench.run(s).result(w)
+            t = r.timing if r is not None else None
+            if t is None or t.peak_mem_bytes is None:
+                cells[s, w] = "-"
+                continue
+            seen = True
+            extra = max(0, t.peak_mem_bytes - (t.output_mem_bytes or 0))
+            cells[s, w] = f"{_mib(t.peak_mem_bytes)} ({_mib(extra)})"
+    if not seen:
+        return []
+    return ["", "## Peak device memory of one call (MiB)", "",
+            "Allocated during one call after the timing loop, above what was allocated before it; in "
+            "parentheses the extra memory: the peak minus the returned tensors (d2kbench.harness.memory).", "",
+            "| workload | " + " | ".join(sols) + " |", "|---|" + "---|" * len(sols),
+            *[f"| {w} | " + " | ".join(cells[s, w] for s in sols) + " |" for w in workloads]]
 
 
 def to_markdown(bench: BenchmarkResult, bars: list[Bar] = (), bound_bars: list[BoundBar] = ()) -> str:
@@ -143,6 +170,7 @@ def to_markdown(bench: BenchmarkResult, bars: list[Bar] = (), bound_bars: list[B
             lines.append(f"| {s} | {r.workload} | {r.bound or '-'} | {r.work_model} | {r.mean_ms:.4f} | {r.tflops:.1f} | "
                          f"{fmt_opt(r.pct_bf16_ceiling, '.1f')} | {r.tbps:.3f} | {fmt_opt(r.pct_hbm_ceiling, '.1f')} | "
                          f"{fmt_opt(r.pct_sol, '.1f')} | {fmt_opt(r.x_launch_floor, '.2f')} |")
+    lines += _memory_lines(bench, sols, workloads)
     if bars or bound_bars:
         lines += ["", "## Bars", "", "| bar | workload | measured | result |", "|---|---|---|---|"]
         for bar in bars:

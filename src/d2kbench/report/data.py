@@ -1,10 +1,16 @@
 """Load what scores and reports need from the results store, as plain data.
 
-Reads the ``runs``, ``candidates``, ``results``, ``evaluations``, ``turns`` and ``verdicts``
-tables and cross-checks them: a candidate's ``eligible`` flag must agree with its evaluation's
-result rows, and those rows must be of the candidate's own source (sha256). Latencies are
-per-call means (ms) from the result rows; a task solution timed in several evaluations gets the
-mean of its per-evaluation means, from the newest version (sha256) of its file only.
+Reads the ``runs``, ``candidates``, ``results``, ``evaluations``, ``turns``, ``verdicts`` and
+``campaigns`` tables. Candidates come from :func:`d2kbench.scoring.stored.stored_candidates`
+(cross-checked against their evaluations); the final candidate the store records for a run
+must be the one the scoring rule selects. Latencies are per-call means (ms) from the result
+rows; a task solution timed in several evaluations gets the mean of its per-evaluation means,
+from the newest version (sha256) of its file only. Only complete evaluations are used; the
+others are counted in :attr:`ReportData.incomplete_evaluations`.
+
+The tasks of every score are declared (:class:`d2kbench.scoring.runs.TaskSet`): the
+``--task`` selection, else the plans of the selected campaigns (recorded in the store when a
+campaign runs), else the suite. A declared task without a scored run counts as failed.
 
 All results of one report come from one machine (``hardware``: ``H200``, ``cpu``, ...): a store
 holding several asks the caller to choose.
@@ -12,16 +18,24 @@ holding several asks the caller to choose.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
+from d2kbench.campaign.plan import Plan
 from d2kbench.scoring.baseline import SOLUTION_BASELINES, BaselineSpec
 from d2kbench.scoring.metrics import ScoringError
-from d2kbench.scoring.records import UNGUIDED, CandidateRecord, RunRecord
+from d2kbench.scoring.records import DESIGN, DESIGNS, HELD_BACK_COPY, UNGUIDED, CandidateRecord, RunRecord
+from d2kbench.scoring.runs import DeclaredGroup, LeftOut, TaskSet
 from d2kbench.scoring.sol import gpu_key
+from d2kbench.scoring.stored import check_recorded_final, hardware_of, stored_candidates, timed_latency
 from d2kbench.store import Store
+from d2kbench.tasks import list_tasks
+
+__all__ = ["ReportData", "Selection", "SolutionTiming", "Usage", "Verdict", "hardware_of", "load", "settled",
+           "declared_tasks"]
 
 
 class Selection(BaseModel):
@@ -40,7 +54,8 @@ class Selection(BaseModel):
 
 
 class SolutionTiming(BaseModel):
-    """A task solution's timing on one workload, over every evaluation of its newest version.
+    """A task solution's timing on one workload, over every complete evaluation of its newest
+    version.
 
     ``mean_ms``: the mean of the per-evaluation per-call means (None when no evaluation passed).
     """
@@ -54,35 +69,71 @@ class SolutionTiming(BaseModel):
 
 
 class Usage(BaseModel):
-    """Summed token usage of one run (SPEC.md section 3, "Token accounting")."""
+    """Summed token usage of one run or of several (docs/protocol.md, "Token accounting").
 
+    ``cost_usd`` is None (unknown) when any summed turn is of a model without a price;
+    ``unpriced_models`` names those models.
+    """
+
+    runs: int = 0
     turns: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
     cache_read: int = 0
     cache_write: int = 0
-    cost_usd: float = 0.0
+    cost_usd: float | None = 0.0
+    unpriced_models: list[str] = []
+
+    def add(self, other: Usage) -> None:
+        """Add ``other`` into this sum (an unknown cost makes the sum's cost unknown)."""
+        for f in ("runs", "turns", "input_tokens", "output_tokens", "cache_read", "cache_write"):
+            setattr(self, f, getattr(self, f) + getattr(other, f))
+        self.cost_usd = None if self.cost_usd is None or other.cost_usd is None else self.cost_usd + other.cost_usd
+        self.unpriced_models = sorted({*self.unpriced_models, *other.unpriced_models})
 
 
 class Verdict(BaseModel):
-    """One judge verdict row (SPEC.md section 5): scores 0-100 per level and their mean ``js``."""
+    """One judge verdict row (docs/protocol.md, "Judge"): scores 0-100 per level and their
+    mean ``js``, and which judge gave it (model, prompt version, rubric version).
+
+    ``candidate_sha256``: the source hash of the judged candidate as the verdict records it
+    (its target for verdicts of a run's final candidate; from the verdict's subject for older
+    verdicts that targeted a run id).
+    """
 
     kind: str
     task: str
     target: str
     judge_model: str
+    prompt_version: str = ""
+    rubric_version: str = ""
+    status: str = "judged"
+    candidate_sha256: str = ""
     l1: float
     l2: float
     l3: float
     js: float
 
+    @property
+    def judge(self) -> tuple[str, str, str]:
+        """The judge configuration verdicts are grouped by: (model, prompt, rubric version)."""
+        return self.judge_model, self.prompt_version, self.rubric_version
+
 
 class ReportData(BaseModel):
     """Everything a score or report reads from the store, for one machine and one selection.
 
-    ``runs``: the selected runs that have settled (see :func:`settled`); ``skipped``: run_id ->
-    why a selected run was left out. ``pool``: runs a ``run:``/``model:`` baseline may come from.
-    ``solutions``: task -> solution -> workload -> timing, of the timed workloads.
+    ``runs``: the selected runs that have settled (see :func:`settled`) on this machine;
+    ``skipped``: run_id -> why a selected run was left out; ``left_out``: the same runs with
+    their (task, model, guidance), which name why a declared task is missing. ``pool``: runs a
+    ``run:``/``model:`` baseline may come from. ``declared``: the declared tasks of every
+    score; ``tasks``: every declared task. ``solutions``: task -> solution -> workload ->
+    timing, of the timed workloads. ``incomplete_evaluations``: status -> number of
+    evaluations left out because they are not complete (``incomplete_by_task``: the same per
+    task). ``held_back_copies``: run_id -> ids of
+    candidates that reproduce a task's held-back solution (never eligible, so in no score).
+    ``borrowed``: run_id -> campaign, for counted runs filed under another campaign than the
+    selected ones, of an experiment their plans declare (see :func:`planned_keys`).
     """
 
     store: str
@@ -91,12 +142,23 @@ class ReportData(BaseModel):
     tasks: list[str]
     runs: list[RunRecord]
     pool: list[RunRecord]
+    declared: TaskSet | None = None
     skipped: dict[str, str] = {}
+    left_out: list[LeftOut] = []
     skipped_usage: Usage = Usage()
     solutions: dict[str, dict[str, dict[str, SolutionTiming]]] = {}
     usage: dict[str, Usage] = {}
     verdicts: list[Verdict] = []
     env: dict = {}
+    incomplete_evaluations: dict[str, int] = {}
+    incomplete_by_task: dict[str, dict[str, int]] = {}
+    borrowed: dict[str, str] = {}
+    incomplete_candidates: dict[str, list[str]] = {}
+    held_back_copies: dict[str, list[int]] = {}
+
+    def task_set(self) -> TaskSet:
+        """The declared task set (``tasks`` for every group when none was recorded)."""
+        return self.declared or TaskSet(default=list(self.tasks), source="the report's tasks")
 
     def solution_ms(self) -> dict[str, dict[str, dict[str, float]]]:
         """task -> solution -> workload -> mean latency (ms), workloads without one left out."""
@@ -104,75 +166,39 @@ class ReportData(BaseModel):
                 for t, sols in self.solutions.items()}
 
 
-def hardware_of(env: dict) -> str:
-    """The machine key of an evaluation: a ceiling-table key (``H200``), else the GPU name, else
-    the device (``cpu``)."""
-    gpu = env.get("gpu")
-    return gpu_key(gpu) or gpu or env.get("device") or "unknown"
-
-
-def _timed(store: Store, row) -> tuple[bool, float | None]:
-    """(timed workload?, per-call mean ms) of a result row."""
-    rec = store.result(row)
-    return (not rec.correctness_only), (rec.timing.mean_ms if rec.timing and row["status"] == "ok" else None)
-
-
-def _candidates(store: Store, run_rows, hw: dict[str, str]) -> dict[str, list[tuple[CandidateRecord, str | None]]]:
-    """run_id -> [(candidate, hardware of its evaluation)], cross-checked against result rows."""
-    run_ids = [r["run_id"] for r in run_rows]
-    cands = store.candidate_rows(run_ids) if run_ids else []
-    eval_ids = sorted({c["eval_id"] for c in cands if c["eval_id"]})
-    rows_by_eval: dict[str, list] = defaultdict(list)
-    for row in store.eval_rows(eval_ids) if eval_ids else []:
-        if row["role"] == "candidate":
-            rows_by_eval[row["eval_id"]].append(row)
-    out: dict[str, list] = defaultdict(list)
-    for c in cands:
-        where = f"run {c['run_id']!r} candidate {c['id']} (turn {c['turn']})"
-        rows = rows_by_eval.get(c["eval_id"], []) if c["eval_id"] else []
-        for row in rows:
-            if row["solution_sha256"] != c["solution_sha256"]:
-                raise ScoringError(f"{where}: evaluation {c['eval_id']} timed source {row['solution_sha256'][:12]}, "
-                                   f"not the candidate's {c['solution_sha256'][:12]}")
-        passed = bool(rows) and all(row["status"] == "ok" for row in rows)
-        if bool(c["eligible"]) != passed:
-            state = ("has no result rows" if not rows else
-                     "passed every workload" if passed else "has failed workloads")
-            raise ScoringError(f"{where}: marked eligible={bool(c['eligible'])} but its evaluation "
-                               f"{c['eval_id']} {state}")
-        lat = {}
-        if passed:
-            for row in rows:
-                timed, ms = _timed(store, row)
-                if timed:
-                    if ms is None:
-                        raise ScoringError(f"{where}: eligible but workload {row['workload']!r} has no timing")
-                    lat[row["workload"]] = ms
-        record = CandidateRecord(id=c["id"], turn=c["turn"], eligible=passed, latencies_ms=lat,
-                                 sha256=c["solution_sha256"])
-        out[c["run_id"]].append((record, hw.get(c["eval_id"]) if c["eval_id"] else None))
-    return out
-
-
 #: Run statuses that are not (yet) a result: the run may still submit, or it died and is retried.
 UNSETTLED = ("running", "interrupted")
+
+
+def experiment(row) -> tuple:
+    """The identity of a recorded run (docs/protocol.md, "Run identity and secrets"): task, model,
+    backend, guidance, seed and budget (turns, and the wall clock its configuration records).
+    Attempts recorded under an older run key, which held the endpoint and the backend options,
+    have the same identity as those of the current key."""
+    try:
+        wall = json.loads(row["config_json"] or "{}").get("wall_clock_s")
+    except (json.JSONDecodeError, AttributeError):
+        wall = None
+    return (row["task"], row["model"], row["backend"], row["guidance"], row["seed"], row["budget_turns"], wall)
 
 
 def settled(rows) -> tuple[list, dict[str, str]]:
     """The runs that count, and run_id -> why each other one is left out.
 
-    A run still ``running`` or ``interrupted`` is left out; of several attempts at one planned run
-    (rows sharing ``run_key``) only the latest settled attempt counts.
+    A run still ``running`` or ``interrupted`` is left out; of several attempts at one experiment
+    (:func:`experiment`; attempts of a planned run share it whatever their run key) only the
+    latest settled attempt counts: the highest attempt number, then the latest start.
     """
-    latest: dict[str, object] = {}
+    latest: dict[tuple, object] = {}
     skipped: dict[str, str] = {}
     for row in rows:
         if row["status"] in UNSETTLED:
             skipped[row["run_id"]] = row["status"]
             continue
-        key = row["run_key"] or row["run_id"]
+        key = experiment(row)
         other = latest.get(key)
-        if other is not None and other["attempt"] > row["attempt"]:
+        order = (lambda r: (r["attempt"], r["started_at"], r["run_id"]))  # noqa: E731
+        if other is not None and order(other) > order(row):
             row, other = other, row
         if other is not None:
             skipped[other["run_id"]] = f"attempt {other['attempt']}, superseded by {row['run_id']}"
@@ -180,17 +206,19 @@ def settled(rows) -> tuple[list, dict[str, str]]:
     return list(latest.values()), dict(sorted(skipped.items()))
 
 
-def _run_record(row, cands: list[CandidateRecord]) -> RunRecord:
+def _run_record(row, cands: list[CandidateRecord], incomplete: list[str] = ()) -> RunRecord:
     return RunRecord(run_id=row["run_id"], task=row["task"], model=row["model"], guidance=row["guidance"],
                      campaign=row["campaign"], backend=row["backend"], seed=row["seed"],
-                     budget_turns=row["budget_turns"], status=row["status"], candidates=cands)
+                     budget_turns=row["budget_turns"], status=row["status"], candidates=cands,
+                     incomplete=list(incomplete))
 
 
-def _solutions(store: Store, rows, hardware: str, hw: dict[str, str]) -> dict:
-    """task -> solution -> workload -> SolutionTiming, from the newest sha256 of each solution."""
+def _solutions(store: Store, rows, hardware: str, hw: dict[str, str], states: dict[str, str]) -> dict:
+    """task -> solution -> workload -> SolutionTiming, from the newest sha256 of each solution,
+    complete evaluations only."""
     by_sol: dict[tuple[str, str], list] = defaultdict(list)
     for row in rows:
-        if hw.get(row["eval_id"]) == hardware:
+        if hw.get(row["eval_id"]) == hardware and states.get(row["eval_id"], "complete") == "complete":
             by_sol[(row["task"], row["solution"])].append(row)
     out: dict[str, dict[str, dict[str, SolutionTiming]]] = defaultdict(dict)
     for (task, sol), srows in sorted(by_sol.items()):
@@ -201,7 +229,7 @@ def _solutions(store: Store, rows, hardware: str, hw: dict[str, str]) -> dict:
                 per_wl[row["workload"]].append(row)
         timings = {}
         for wl, wrows in sorted(per_wl.items()):
-            parsed = [_timed(store, r) for r in wrows]
+            parsed = [timed_latency(store, r) for r in wrows]
             if not any(timed for timed, _ in parsed):
                 continue  # a correctness-only workload
             means = [ms for _, ms in parsed if ms is not None]
@@ -212,6 +240,65 @@ def _solutions(store: Store, rows, hardware: str, hw: dict[str, str]) -> dict:
         if timings:
             out[task][sol] = timings
     return dict(out)
+
+
+def _plan_cells(plan: dict) -> tuple[list[str], list[str], list[str]]:
+    """(tasks, models, guidance levels) a recorded plan declares."""
+    design = plan.get("design", "paired")
+    levels = list(plan.get("guidance") or []) if design == "custom" else list(DESIGNS.get(design, ()))
+    models = [a["model"] for a in plan.get("agents", []) if isinstance(a, dict) and "model" in a]
+    return list(plan.get("tasks", [])), models, levels
+
+
+def declared_tasks(store: Store, sel: Selection, campaigns: list[str]) -> TaskSet:
+    """The declared task set of a selection (docs/protocol.md, "Scores under missing data").
+
+    ``--task`` declares its tasks for every group; otherwise the recorded plans of
+    ``campaigns`` declare (model, guidance, task) cells and any other group is scored over
+    the suite's tasks.
+    """
+    if sel.tasks:
+        return TaskSet(default=sorted(set(sel.tasks)), source="the --task selection")
+
+    groups = []
+    for p in store.plans(campaigns) if campaigns else []:
+        tasks, models, levels = _plan_cells(json.loads(p["plan_json"]))
+        for m in models:
+            for lv in levels:
+                if (sel.models is None or m in sel.models) and (sel.guidance is None or lv in sel.guidance):
+                    groups.append(DeclaredGroup(model=m, guidance=lv, tasks=tasks,
+                                                source=f"campaign plan {p['name']!r}"))
+    return TaskSet(default=list_tasks(), source="the suite", groups=groups)
+
+
+def planned_keys(store: Store, campaigns: list[str]) -> set[str]:
+    """The run keys (experiments, :meth:`d2kbench.agents.runner.RunSpec.key`) that the recorded
+    plans of ``campaigns`` plan. A campaign's resume takes an experiment that any campaign has
+    finished as done, so its scores must count that run wherever it is filed. A recorded plan
+    this version cannot read plans nothing."""
+
+    out: set[str] = set()
+    for p in store.plans(campaigns):
+        try:
+            plan = Plan.model_validate(json.loads(p["plan_json"]))
+        except (ValidationError, json.JSONDecodeError):
+            continue
+        out |= {spec.key() for spec in plan.runs()}
+    return out
+
+
+def _verdict(v) -> Verdict:
+    sha = ""
+    try:
+        subject = json.loads(v["verdict_json"]).get("subject") or {}
+        sha = subject.get("sha256") or ""
+    except (json.JSONDecodeError, AttributeError):
+        pass
+    keys = v.keys()
+    return Verdict(kind=v["kind"], task=v["task"], target=v["target"], judge_model=v["model"],
+                   prompt_version=v["prompt_version"], rubric_version=v["rubric_version"],
+                   status=v["status"] if "status" in keys else "judged", candidate_sha256=sha or "",
+                   l1=v["l1"], l2=v["l2"], l3=v["l3"], js=v["js"])
 
 
 def load(store: Store, selection: Selection | None = None, hardware: str | None = None,
@@ -227,23 +314,45 @@ def load(store: Store, selection: Selection | None = None, hardware: str | None 
 
     Raises:
         ScoringError: results from several machines and no ``hardware``; inconsistent candidate
-            rows (see the module docstring); a run whose candidates ran on different machines.
+            rows (see :mod:`d2kbench.scoring.stored`); a run whose candidates ran on different
+            machines; a run whose recorded final candidate is not the scoring rule's.
     """
     sel = selection or Selection()
     envs = store.evaluation_envs()
+    states = store.evaluation_states()
     hw = {eid: hardware_of(env) for eid, env in envs.items()}
-    run_rows, skipped = settled(store.run_rows(sel.campaigns, sel.tasks, sel.models, sel.guidance, sel.seeds))
+    all_rows = store.run_rows(sel.campaigns, sel.tasks, sel.models, sel.guidance, sel.seeds)
+    borrowed: dict[str, str] = {}
+    if sel.campaigns:  # a planned experiment another campaign ran is done for these plans too
+        planned = planned_keys(store, sel.campaigns)
+        have = {r["run_id"] for r in all_rows}
+        extra = [r for r in store.run_rows(None, sel.tasks, sel.models, sel.guidance, sel.seeds)
+                 if r["run_id"] not in have and r["run_key"] in planned]
+        borrowed = {r["run_id"]: r["campaign"] or "no campaign" for r in extra}
+        all_rows = [*all_rows, *extra]
+    run_rows, skipped = settled(all_rows)
     pool_rows = []
     if baseline is not None and baseline.kind == "model":
         pool_rows = store.run_rows(sel.campaigns, sel.tasks, [baseline.name], [UNGUIDED], sel.seeds)
     elif baseline is not None and baseline.kind == "run":
         pool_rows = store.run_rows(run_ids=[baseline.name])
     pool_rows = settled(pool_rows)[0]
-    all_rows = {r["run_id"]: r for r in [*run_rows, *pool_rows]}
-    cands = _candidates(store, list(all_rows.values()), hw)
-    tasks = sel.tasks or sorted({r["task"] for r in run_rows})
+    by_id = {r["run_id"]: r for r in [*run_rows, *pool_rows]}
+    stored = stored_candidates(store, list(by_id), hw, states)
+    cands = stored.by_run
+    # the plans of the selected campaigns, or of every campaign with runs here: a model or
+    # guidance filter narrows the declared groups, it does not drop a plan
+    campaigns = sel.campaigns or sorted({r["campaign"] for r in store.run_rows(seeds=sel.seeds) if r["campaign"]})
+    declared = declared_tasks(store, sel, campaigns)
+    keys = {(r["model"], r["guidance"]) for r in all_rows if r["guidance"] != DESIGN}
+    keys |= {(g.model, g.guidance) for g in declared.groups}
+    tasks = sorted({t for k in keys for t in declared.tasks_of(*k)[0]}) or list(sel.tasks or [])
     sol_rows = store.solution_rows(list(SOLUTION_BASELINES), tasks or None)
     seen = {h for cs in cands.values() for _, h in cs if h} | {hw[r["eval_id"]] for r in sol_rows if r["eval_id"] in hw}
+    ev_task = store.evaluation_tasks()
+    unfinished = {e for e, st in states.items() if st != "complete" and (not tasks or ev_task.get(e) in tasks)}
+    if hardware is None and not seen and len({hw.get(e) for e in unfinished}) == 1:
+        seen = {hw[next(iter(unfinished))]}  # nothing complete: the machine of what was left out
     if hardware is None:
         if len(seen) > 1:
             raise ScoringError(f"the selection holds results from several machines ({', '.join(sorted(seen))}): "
@@ -251,10 +360,10 @@ def load(store: Store, selection: Selection | None = None, hardware: str | None 
         hardware = next(iter(seen)) if seen else "unknown"
     else:
         hardware = gpu_key(hardware) or hardware
-    if not tasks:
+    if not tasks:  # no agent runs and no plan: the tasks whose solutions were timed here
         tasks = sorted({r["task"] for r in sol_rows if hw.get(r["eval_id"]) == hardware})
 
-    def records(rows) -> list[RunRecord]:
+    def records(rows, where: dict[str, str] | None = None) -> list[RunRecord]:
         out = []
         for row in rows:
             machines = {h for _, h in cands.get(row["run_id"], []) if h}
@@ -262,31 +371,52 @@ def load(store: Store, selection: Selection | None = None, hardware: str | None 
                 raise ScoringError(f"run {row['run_id']!r}: candidates evaluated on several machines "
                                    f"({', '.join(sorted(machines))})")
             if machines and machines != {hardware}:
-                continue  # a run on another machine
-            out.append(_run_record(row, [c for c, _ in cands.get(row["run_id"], [])]))
+                if where is not None:
+                    where[row["run_id"]] = f"evaluated on {next(iter(machines))}"
+                continue
+            mine = [c for c, _ in cands.get(row["run_id"], [])]
+            if row["guidance"] != DESIGN:
+                check_recorded_final(row, mine)
+            out.append(_run_record(row, mine, stored.incomplete.get(row["run_id"], [])))
         return out
 
-    runs = records(run_rows)
+    elsewhere: dict[str, str] = {}
+    runs = records(run_rows, elsewhere)
+    skipped = dict(sorted({**skipped, **elsewhere}.items()))
+    rows_by_id = {r["run_id"]: r for r in all_rows}
+    left_out = [LeftOut(run_id=rid, task=rows_by_id[rid]["task"], model=rows_by_id[rid]["model"],
+                        guidance=rows_by_id[rid]["guidance"], reason=why, superseded=why.startswith("attempt "))
+                for rid, why in skipped.items()]
+    left_out.sort(key=lambda x: (rows_by_id[x.run_id]["started_at"], x.run_id))
     counted = {r.run_id for r in runs}
     usage: dict[str, Usage] = {}
-    left_out = Usage()
+    left_usage = Usage()
     for t in store.turn_rows(sorted(counted | set(skipped))):
-        u = usage.setdefault(t["run_id"], Usage()) if t["run_id"] in counted else left_out
-        u.turns += 1
-        u.input_tokens += t["input_tokens"]
-        u.output_tokens += t["output_tokens"]
-        u.cache_read += t["cache_read"]
-        u.cache_write += t["cache_write_5m"] + t["cache_write_1h"]
-        u.cost_usd += t["cost_usd"]
-    verdicts = [Verdict(kind=v["kind"], task=v["task"], target=v["target"], judge_model=v["model"], l1=v["l1"],
-                        l2=v["l2"], l3=v["l3"], js=v["js"]) for v in store.verdict_rows(tasks or None)]
+        one = Usage(turns=1, input_tokens=t["input_tokens"], output_tokens=t["output_tokens"],
+                    cache_read=t["cache_read"], cache_write=t["cache_write_5m"] + t["cache_write_1h"],
+                    cost_usd=None if t["unpriced"] else t["cost_usd"],
+                    unpriced_models=[t["model"] or "unknown model"] if t["unpriced"] else [])
+        (usage.setdefault(t["run_id"], Usage(runs=1)) if t["run_id"] in counted else left_usage).add(one)
+    verdicts = [_verdict(v) for v in store.verdict_rows(tasks or None)]
     newest_env = {}
-    on_hw = [(envs[e].get("time_utc") or "", e) for e in envs if hw[e] == hardware]
+    on_hw = [(envs[e].get("time_utc") or "", e) for e in envs if hw[e] == hardware and states.get(e) == "complete"]
     if on_hw:
         newest_env = envs[max(on_hw)[1]]
+    incomplete: dict[str, int] = defaultdict(int)
+    by_task: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for e in unfinished:  # of the selection's tasks, on this machine
+        if hw.get(e) == hardware:
+            incomplete[states[e]] += 1
+            by_task[ev_task.get(e, "")][states[e]] += 1
+    copies = {rid: ids for rid in sorted(counted)
+              if (ids := [c["id"] for c in store.candidates_of(rid) if c["status"] == HELD_BACK_COPY])}
     return ReportData(
-        store=Path(store.path).name, hardware=hardware, selection=sel, tasks=tasks,
-        runs=runs, skipped=skipped, skipped_usage=left_out, pool=records(pool_rows),
-        solutions=_solutions(store, sol_rows, hardware, hw), usage=usage,
-        verdicts=verdicts, env=newest_env,
+        held_back_copies=copies,
+        store=Path(store.path).name, hardware=hardware, selection=sel, tasks=tasks, declared=declared,
+        runs=runs, skipped=skipped, left_out=left_out, skipped_usage=left_usage, pool=records(pool_rows),
+        solutions=_solutions(store, sol_rows, hardware, hw, states), usage=usage,
+        verdicts=verdicts, env=newest_env, incomplete_evaluations=dict(sorted(incomplete.items())),
+        incomplete_by_task={k: dict(v) for k, v in sorted(by_task.items())},
+        borrowed={r: c for r, c in sorted(borrowed.items()) if r in counted},
+        incomplete_candidates={r: v for r, v in stored.incomplete.items() if r in counted},
     )

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from d2kbench.scoring.trajectory import Trajectory
 
+# Imports inside functions: matplotlib (the report extra) loads when a figure is drawn.
+
 _DPI = 120
 
 
@@ -21,13 +23,21 @@ def _figure(width: float, height: float):
     return Figure(figsize=(width, height), layout="constrained")
 
 
-def ablation_figure(scores: dict[str, dict[str, float | None]], levels: list[str], path: Path) -> Path:
+def _footnote(fig, note: str | None) -> None:
+    """Write ``note`` under the axes (a figure that leaves the report keeps it)."""
+    if note:
+        fig.supxlabel(note, fontsize="x-small", wrap=True, ha="left", x=0.0)
+
+
+def ablation_figure(scores: dict[str, dict[str, float | None]], levels: list[str], path: Path,
+                    note: str | None = None) -> Path:
     """Figure 3: grouped bars of S_perf per model (groups) and cumulative guidance level (bars).
 
     Args:
         scores: model -> level -> S_perf (None: no runs at that level, no bar).
         levels: the levels in order.
         path: the PNG to write.
+        note: a footnote (how many declared tasks counted as failed for lack of a result).
     """
     fig = _figure(max(6.0, 1.2 * len(scores) + 2), 3.6)
     ax = fig.add_subplot()
@@ -41,12 +51,14 @@ def ablation_figure(scores: dict[str, dict[str, float | None]], levels: list[str
     ax.set_ylabel("S_perf")
     ax.set_title("Cumulative guidance ablation")
     ax.legend(title="guidance", fontsize="small")
+    _footnote(fig, note)
     return _save(fig, path)
 
 
-def trajectory_figure(series: dict[tuple[str, str], Trajectory], overall: dict[str, Trajectory], path: Path) -> Path:
+def trajectory_figure(series: dict[tuple[str, str], Trajectory], overall: dict[str, Trajectory], path: Path,
+                      note: str | None = None) -> Path:
     """Figure 4: S'_perf over turns (log scale); one colour per guidance setting, a thin line per
-    model and a thick line across models."""
+    model and a thick line across models; ``note``: a footnote (see :func:`ablation_figure`)."""
     fig = _figure(7.0, 4.0)
     ax = fig.add_subplot()
     colour = {lv: f"C{i}" for i, lv in enumerate(overall)}
@@ -59,6 +71,7 @@ def trajectory_figure(series: dict[tuple[str, str], Trajectory], overall: dict[s
     ax.set_yscale("log")
     ax.set_title("Trajectory score over turns (thin lines: single models)")
     ax.legend(title="guidance", fontsize="small")
+    _footnote(fig, note)
     return _save(fig, path)
 
 

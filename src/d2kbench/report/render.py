@@ -15,6 +15,8 @@ from pathlib import Path
 
 from d2kbench.report.document import Cell, Column, Page, Table
 
+# Imports inside functions: markdown-it (the report extra) loads when HTML is rendered.
+
 
 def cell_text(value: Cell, column: Column) -> str:
     """A cell as printed: ``-`` for None, numbers through the column's format spec."""

@@ -1,5 +1,5 @@
 """Per-task pages: latency per workload of the task solutions and of each run's final candidate,
-speedups against the baseline, and SOL / roofline figures (DESIGN.md section 5)."""
+speedups against the baseline, and SOL / roofline figures (docs/timing.md, "Speed of light (SOL) and the roofline")."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from d2kbench.report.data import ReportData
 from d2kbench.report.document import Column, Page, Section, Table
 from d2kbench.report.tables import runs_by_task
 from d2kbench.scoring.baseline import SOLUTION_BASELINES
-from d2kbench.scoring.records import guidance_rank
 from d2kbench.scoring.metrics import ScoringError, task_speedup
+from d2kbench.scoring.records import guidance_rank
 from d2kbench.scoring.roofline import SOL_VIOLATION_TOLERANCE, roofline, sol_bounds
 from d2kbench.scoring.runs import ScoreSheet
 from d2kbench.scoring.sol import DATASHEET, gpu_key
@@ -69,9 +69,13 @@ def task_page(task: str, data: ReportData, sheet: ScoreSheet, spec: TaskSpec | N
         source = "" if sheet.baseline.spec.kind == "solution" else f" ({sheet.baseline.sources[task]})"
         header.append(f"baseline: {sheet.baseline.spec.describe()}{source}")
     else:
-        why = sheet.excluded.get(task) or sheet.baseline.missing.get(task, "not resolved")
+        why = sheet.no_baseline.get(task) or sheet.baseline.missing.get(task, "not resolved")
         header.append(f"baseline: {sheet.baseline.spec.describe()}: none for this task ({why})")
     header.append(f"timed workloads: {', '.join(workloads) or 'none recorded'}")
+    left = data.incomplete_by_task.get(task)
+    if left:
+        header.append("evaluations of this task left out (not complete): "
+                      + ", ".join(f"{n} {st}" for st, n in sorted(left.items())))
     title = f"Task {task}" + (f": {spec.title}" if spec else "")
     page = Page(slug=task, title=title, header=header)
 

@@ -1,4 +1,4 @@
-"""The baseline of every speedup, as a parameter (SPEC.md section 3; DESIGN.md section 5).
+"""The baseline of every speedup, as a parameter (docs/protocol.md, "Baseline").
 
 Accepted forms:
 
@@ -59,7 +59,7 @@ def parse_baseline(text: str) -> BaselineSpec:
         return BaselineSpec(kind="solution", name=t)
     for kind in ("run", "model"):
         if t.startswith(kind + ":") and t[len(kind) + 1:].strip():
-            return BaselineSpec(kind=kind, name=t[len(kind) + 1:].strip())  # type: ignore[arg-type]
+            return BaselineSpec(kind=kind, name=t[len(kind) + 1:].strip())
     raise ValueError(f"unknown baseline {text!r}: use {', '.join(SOLUTION_BASELINES)}, run:<run_id> or model:<name>")
 
 

@@ -1,4 +1,4 @@
-"""Task speedup, Performance Score S_perf and fast_p (SPEC.md section 3).
+"""Task speedup, Performance Score S_perf and fast_p (docs/protocol.md).
 
 Inputs are plain mappings (workload -> latency in ms, task -> task speedup); a task speedup of
 ``None`` means the task's final submission failed. Every result is a full-precision float;
@@ -12,9 +12,9 @@ from collections.abc import Mapping
 
 from d2kbench.scoring.speedup import geomean, speedup
 
-#: A task whose final submission fails contributes this to S_perf (SPEC.md section 3).
+#: A task whose final submission fails contributes this to S_perf (docs/protocol.md).
 FAILED_TASK_SCORE = 0.5
-#: The thresholds fast_p is reported at (SPEC.md section 3).
+#: The thresholds fast_p is reported at (docs/protocol.md).
 FAST_P_THRESHOLDS = (1.0, 1.5, 2.0)
 
 
@@ -33,7 +33,7 @@ class MissingBaselineError(ScoringError):
 def task_speedup(baseline_ms: Mapping[str, float], candidate_ms: Mapping[str, float], task: str = "") -> float:
     """Task-level speedup: geometric mean over workloads of baseline / candidate latency.
 
-    SPEC.md section 3 ("Speedup", "Performance Score": geometric mean over workloads within a
+    docs/protocol.md ("Baseline", "Scores": geometric mean over workloads within a
     task). Both mappings go from workload id to the per-call mean latency in ms, and must cover
     the same workloads: a geomean over a different workload set is not comparable.
 
@@ -69,7 +69,7 @@ def _checked(task_speedups: Mapping[str, float | None], what: str) -> None:
 
 def performance_score(task_speedups: Mapping[str, float | None]) -> float:
     """S_perf of one model: geometric mean over tasks of the task speedups, where a failed task
-    (``None``) contributes the fixed :data:`FAILED_TASK_SCORE` 0.5 (SPEC.md section 3).
+    (``None``) contributes the fixed :data:`FAILED_TASK_SCORE` 0.5 (docs/protocol.md).
 
     Raises:
         ScoringError: no tasks, or a speedup that is neither None nor finite and positive.
@@ -79,7 +79,7 @@ def performance_score(task_speedups: Mapping[str, float | None]) -> float:
 
 
 def overall_performance_score(model_scores: Mapping[str, float]) -> float:
-    """Overall S_perf across models: geometric mean of the per-model S_perf (SPEC.md section 3).
+    """Overall S_perf across models: geometric mean of the per-model S_perf (docs/protocol.md).
 
     Raises:
         ScoringError: no models, or a score that is not finite and positive.
@@ -95,7 +95,7 @@ def overall_performance_score(model_scores: Mapping[str, float]) -> float:
 def fast_p(task_speedups: Mapping[str, float | None], p: float) -> float:
     """fast_p: the fraction of *all* tasks whose task speedup is strictly greater than ``p``.
 
-    SPEC.md section 3: the denominator is the number of tasks, failed ones (``None``) included;
+    docs/protocol.md: the denominator is the number of tasks, failed ones (``None``) included;
     a failed task never counts as fast. Returns a fraction in [0, 1].
 
     Raises:

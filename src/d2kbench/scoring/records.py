@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-#: Guidance levels of the cumulative ablation, in order (SPEC.md section 4).
+#: Guidance levels of the cumulative ablation, in order (docs/protocol.md, "Runs").
 GUIDANCE_LEVELS = ("none", "L1", "L1+L2", "L1+L2+L3")
-#: The two settings of the paired runs (SPEC.md section 4).
+#: The two settings of the paired runs (docs/protocol.md, "Runs").
 UNGUIDED, GUIDED = "none", "L1+L2+L3"
 
 
@@ -19,8 +19,16 @@ def guidance_rank(guidance: str) -> tuple[int, str]:
     return (GUIDANCE_LEVELS.index(guidance), "") if guidance in GUIDANCE_LEVELS else (len(GUIDANCE_LEVELS), guidance)
 
 
-#: Independent-design runs: no code, judged only (SPEC.md section 4); never performance-scored.
+#: Guidance levels of each campaign design (``custom`` plans name their own).
+DESIGNS = {"paired": (UNGUIDED, GUIDED), "ablation": GUIDANCE_LEVELS}
+
+#: Independent-design runs: no code, judged only (docs/protocol.md, "Runs"); never performance-scored.
 DESIGN = "design"
+
+
+#: Status of a candidate that reproduces one of its task's held-back solutions
+#: (:mod:`d2kbench.agents.leaks`): recorded, never eligible, named by every report.
+HELD_BACK_COPY = "held_back_copy"
 
 
 class CandidateRecord(BaseModel):
@@ -40,7 +48,12 @@ class CandidateRecord(BaseModel):
 
 
 class RunRecord(BaseModel):
-    """One agent run (task, model, backend, guidance, seed) and its candidates."""
+    """One agent run (task, model, backend, guidance, seed) and its candidates.
+
+    ``incomplete``: descriptions of the run's candidates left out because their evaluation is
+    not complete (still running or interrupted); the run is scored from the others, and every
+    table that scores it says so.
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -54,3 +67,4 @@ class RunRecord(BaseModel):
     budget_turns: int = 0
     status: str = "finished"
     candidates: list[CandidateRecord] = []
+    incomplete: list[str] = []

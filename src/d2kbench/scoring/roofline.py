@@ -1,4 +1,4 @@
-"""Roofline figures of one measured latency (DESIGN.md section 5; timing_and_sol.md section 6.2).
+"""Roofline figures of one measured latency (docs/timing.md, "Speed of light (SOL) and the roofline").
 
 SOL times come from the task's hand-written work counts (``task.yaml`` ``sol``) through
 :func:`d2kbench.scoring.sol.sol_ms`: ``max(tensor-core FLOPs / TC rate, FP32 FLOPs / FP32 rate,
@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from d2kbench.scoring.sol import ceilings, sol_ms
 from d2kbench.tasks.schema import SolSpec
 
-#: A latency this fraction under the datasheet floor is a ``sol_violation`` (timing_and_sol.md 6.2).
+#: A latency this fraction under the datasheet floor is a ``sol_violation`` (docs/timing.md, "Integrity of a timing").
 SOL_VIOLATION_TOLERANCE = 0.02
 
 

@@ -1,4 +1,4 @@
-"""Speed of light (SOL) and roofline figures (DESIGN.md section 5).
+"""Speed of light (SOL) and roofline figures (docs/timing.md, "Speed of light (SOL) and the roofline").
 
 SOL time of a workload = max(tensor-core FLOPs / TC rate, FP32 FLOPs / FP32 rate,
 minimal bytes / bandwidth), from the task's hand-written work formulas. Two ceiling tables:
@@ -31,14 +31,14 @@ DATASHEET = {
     "H100": Ceilings("H100", 989.0, 1979.0, 67.0, 3.35, "NVIDIA H100 datasheet (SXM)"),
     "B200": Ceilings("B200", 2250.0, 4500.0, 80.0, 8.0, "NVIDIA B200 datasheet (HGX, dense)"),
 }
-#: Ceilings measured on our H200 (DESIGN.md section 4, KINDS.md, Nov 2026): 8192^3 bf16 GEMM
+#: Ceilings measured on our H200 (Nov 2026; docs/timing.md has the table): 8192^3 bf16 GEMM
 #: through PyTorch on random data in short bursts; device-to-device copy counting read+write.
 MEASURED = {
-    "H200": Ceilings("H200", 790.0, 1267.0, 60.0, 4.3, "measured on our H200, Nov 2026 (DESIGN.md §4)"),
+    "H200": Ceilings("H200", 790.0, 1267.0, 60.0, 4.3, "measured on our H200, Nov 2026 (docs/timing.md)"),
 }
 
 
-#: The two ceiling tiers (research/timing_and_sol.md section 6.2): ``datasheet`` is the physical
+#: The two ceiling tiers (docs/timing.md, "Speed of light (SOL) and the roofline"): ``datasheet`` is the physical
 #: bound (a time under it is flagged); ``measured`` is what our machines reach in practice.
 TIERS = {"datasheet": DATASHEET, "measured": MEASURED}
 
@@ -70,13 +70,15 @@ def gpu_key(gpu_name: str | None) -> str | None:
 
 
 def sol_ms(counts: WorkCounts, axes: dict, ceil: Ceilings) -> tuple[float, str]:
-    """SOL time in ms and the binding limit (``tensor_core``, ``fp32`` or ``memory``)."""
+    """SOL time in ms and the binding limit (``tensor_core``, ``fp32`` or ``memory``); the
+    tensor-core FLOPs run at the rate of their precision (``counts.tc_precision``)."""
+    tc_rate = ceil.fp8_tflops if counts.tc_precision == "fp8" else ceil.bf16_tflops
     terms = {
-        "tensor_core": evaluate_formula(counts.tc_flops, axes) / (ceil.bf16_tflops * 1e12),
+        "tensor_core": evaluate_formula(counts.tc_flops, axes) / (tc_rate * 1e12),
         "fp32": evaluate_formula(counts.fp32_flops, axes) / (ceil.fp32_tflops * 1e12),
         "memory": evaluate_formula(counts.bytes, axes) / (ceil.hbm_tbps * 1e12),
     }
-    bind = max(terms, key=terms.get)
+    bind = max(terms, key=terms.__getitem__)
     return terms[bind] * 1e3, bind
 
 

@@ -1,4 +1,4 @@
-"""Speedup and geometric means (SPEC.md section 3)."""
+"""Speedup and geometric means (docs/protocol.md)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def speedup(baseline_ms: float, candidate_ms: float) -> float:
 
 
 def geomean(values: Iterable[float]) -> float:
-    """Geometric mean of positive numbers: exp of the mean of the logs (SPEC.md section 3).
+    """Geometric mean of positive numbers: exp of the mean of the logs (docs/protocol.md).
 
     The log sum is exactly rounded (``math.fsum``), so the result does not depend on the
     order of ``values`` (reordering tasks or models changes nothing, to the last bit).

@@ -1,10 +1,11 @@
-"""Trajectory score S'_perf over agent turns (SPEC.md section 3, token-efficiency figure).
+"""Trajectory score S'_perf over agent turns (docs/protocol.md, "Trajectory score").
 
 At turn t a task counts :data:`FALLBACK_SCORE` (0.1) until its first eligible submission (a
 candidate submitted at a turn <= t), then the best eligible task speedup so far; a best score
 below 0.1 is used as measured, not raised to 0.1. S'_perf(t) of one model is the geometric mean
-of these task values over its tasks (as S_perf aggregates tasks); across models, the geometric
-mean of the per-model values.
+of these task values over its declared tasks (as S_perf aggregates tasks): a declared task
+without a scored run counts 0.1 at every turn; across models, the geometric mean of the
+per-model values.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from d2kbench.scoring.metrics import ScoringError
 from d2kbench.scoring.runs import RunScore
 from d2kbench.scoring.speedup import geomean
 
-#: What a task counts before its first eligible submission (SPEC.md section 3).
+#: What a task counts before its first eligible submission (docs/protocol.md).
 FALLBACK_SCORE = 0.1
 
 
@@ -67,21 +68,34 @@ def turn_grid(runs: Iterable[RunScore]) -> list[int]:
     return list(range(last + 1))
 
 
-def trajectory(runs: Iterable[RunScore], turns: Sequence[int] | None = None) -> Trajectory:
+def trajectory(runs: Iterable[RunScore], turns: Sequence[int] | None = None,
+               tasks: Iterable[str] | None = None) -> Trajectory:
     """S'_perf of one model (one run per task) at each turn: geometric mean over its tasks.
 
+    Args:
+        runs: the model's scored runs of one guidance setting.
+        turns: the turn grid (default: :func:`turn_grid` of ``runs``).
+        tasks: the declared tasks (default: the tasks of ``runs``); a declared task without a
+            run counts :data:`FALLBACK_SCORE` at every turn.
+
     Raises:
-        ScoringError: no runs, or two runs of one task.
+        ScoringError: no runs and no declared tasks, two runs of one task, or a run of a task
+            that is not declared.
     """
     runs = list(runs)
-    if not runs:
-        raise ScoringError("trajectory of no runs")
-    tasks = [r.task for r in runs]
-    dup = sorted({t for t in tasks if tasks.count(t) > 1})
+    declared = sorted(set(tasks)) if tasks is not None else sorted({r.task for r in runs})
+    if not declared:
+        raise ScoringError("trajectory of no tasks")
+    names = [r.task for r in runs]
+    dup = sorted({t for t in names if names.count(t) > 1})
     if dup:
         raise ScoringError(f"trajectory needs one run per task; several runs of {', '.join(dup)}")
+    stray = sorted(set(names) - set(declared))
+    if stray:
+        raise ScoringError(f"trajectory: runs of undeclared task(s) {', '.join(stray)}")
     grid = list(turns) if turns is not None else turn_grid(runs)
     per_task = [task_trajectory(r.eligible, grid) for r in runs]
+    per_task += [[FALLBACK_SCORE] * len(grid)] * (len(declared) - len(runs))
     return Trajectory(turns=grid, values=[geomean(col) for col in zip(*per_task)])
 
 

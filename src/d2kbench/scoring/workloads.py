@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from d2kbench.harness.results import SolutionRun, WorkloadScore
+from d2kbench.results import SolutionRun, WorkloadScore
 from d2kbench.scoring.sol import MEASURED, gpu_key, sol_ms
 from d2kbench.scoring.speedup import geomean, speedup
 from d2kbench.tasks.loader import Task

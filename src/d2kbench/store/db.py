@@ -3,149 +3,54 @@
 Each workload result is one row, committed on its own (WAL journal), so a killed process
 loses nothing already written. Rows keep the whole record as JSON, every timing sample
 included; a few columns are copied out for queries.
+
+An evaluation carries a status: ``running`` from its start, ``complete`` once every result is
+written, ``interrupted`` when it stopped early (an exception, or its process is gone: see
+:meth:`Store.evaluation_states`). Reports use complete evaluations only.
+
+Secrets never reach the store: a run's configuration and a campaign plan pass through
+:func:`d2kbench.store.redact.redact_secrets` before they are written, and every configuration,
+event, error, summary, candidate note and verdict through :func:`d2kbench.store.redact.scrub`
+with the secret values this store knows (:attr:`Store.secrets`: credential variables of the
+environment, and what :meth:`Store.add_secrets` added, e.g. a run's API key).
+
+:meth:`Store.merge` brings everything of another store file (evaluations, runs and their
+attempts, candidates, turns, events, verdicts, plans) into this one, with ids remapped and
+duplicates recognised by content, so merging the same store twice adds nothing.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import socket
 import sqlite3
 from pathlib import Path
 
-from d2kbench.harness.results import SolutionRun, WorkloadResult
+from d2kbench.results import SolutionRun, WorkloadResult
+from d2kbench.store.merge import Merge, MergeCounts
+from d2kbench.store.redact import redact_secrets, scrub, secret_values
+from d2kbench.store.schema import ADDED_COLUMNS, SCHEMA, inserted_id, now
 
 DEFAULT_PATH = Path(os.environ.get("D2K_STORE", "d2k.sqlite"))
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS evaluations (
-    eval_id    TEXT PRIMARY KEY,
-    task       TEXT NOT NULL,
-    device     TEXT NOT NULL,
-    created_at TEXT NOT NULL,
-    env_json   TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS results (
-    id              INTEGER PRIMARY KEY AUTOINCREMENT,
-    eval_id         TEXT NOT NULL REFERENCES evaluations(eval_id),
-    task            TEXT NOT NULL,
-    solution        TEXT NOT NULL,
-    solution_sha256 TEXT NOT NULL,
-    role            TEXT NOT NULL,
-    workload        TEXT NOT NULL,
-    device          TEXT NOT NULL,
-    status          TEXT NOT NULL,
-    cause           TEXT NOT NULL,
-    mean_ms         REAL,
-    median_ms       REAL,
-    recorded_at     TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%SZ', 'now')),
-    record_json     TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS results_task ON results(task, workload);
--- Agent runs (SPEC.md section 4): one row per (task, model, backend, guidance, seed) run.
-CREATE TABLE IF NOT EXISTS runs (
-    run_id       TEXT PRIMARY KEY,
-    campaign     TEXT,
-    task         TEXT NOT NULL,
-    model        TEXT NOT NULL,
-    backend      TEXT NOT NULL,
-    guidance     TEXT NOT NULL,          -- none | L1 | L1+L2 | L1+L2+L3 | design
-    seed         INTEGER NOT NULL DEFAULT 0,
-    budget_turns INTEGER NOT NULL,
-    status       TEXT NOT NULL,          -- running | finished | failed
-    started_at   TEXT NOT NULL,
-    finished_at  TEXT,
-    final_candidate INTEGER,             -- candidates.id of the selected final answer
-    config_json  TEXT NOT NULL DEFAULT '{}'
-);
--- Every submission of a run, snapshotted and evaluated by the harness.
-CREATE TABLE IF NOT EXISTS candidates (
-    id              INTEGER PRIMARY KEY AUTOINCREMENT,
-    run_id          TEXT NOT NULL REFERENCES runs(run_id),
-    turn            INTEGER NOT NULL,
-    solution_sha256 TEXT NOT NULL,
-    path            TEXT NOT NULL,
-    eval_id         TEXT,                -- evaluations.eval_id
-    eligible        INTEGER NOT NULL,    -- 1 when every workload passed every check
-    geomean_speedup REAL,
-    created_at      TEXT NOT NULL
-);
--- Token usage and cost per turn (one model response).
-CREATE TABLE IF NOT EXISTS turns (
-    run_id          TEXT NOT NULL REFERENCES runs(run_id),
-    turn            INTEGER NOT NULL,
-    input_tokens    INTEGER NOT NULL DEFAULT 0,
-    output_tokens   INTEGER NOT NULL DEFAULT 0,
-    cache_read      INTEGER NOT NULL DEFAULT 0,
-    cache_write_5m  INTEGER NOT NULL DEFAULT 0,
-    cache_write_1h  INTEGER NOT NULL DEFAULT 0,
-    cost_usd        REAL NOT NULL DEFAULT 0,
-    cli_cost_usd    REAL,                -- the CLI's own cost figure, where it reports one
-    created_at      TEXT NOT NULL,
-    PRIMARY KEY (run_id, turn)
-);
--- The trajectory: messages, tool calls and candidate events, in order.
-CREATE TABLE IF NOT EXISTS events (
-    run_id    TEXT NOT NULL REFERENCES runs(run_id),
-    seq       INTEGER NOT NULL,
-    turn      INTEGER NOT NULL,
-    kind      TEXT NOT NULL,             -- message | tool_call | tool_result | candidate | error
-    data_json TEXT NOT NULL,
-    PRIMARY KEY (run_id, seq)
-);
--- LLM-judge verdicts (SPEC.md section 5).
-CREATE TABLE IF NOT EXISTS verdicts (
-    id             INTEGER PRIMARY KEY AUTOINCREMENT,
-    kind           TEXT NOT NULL,        -- impl | design
-    task           TEXT NOT NULL,
-    target         TEXT NOT NULL,        -- run_id, solution sha256 or design sha256
-    model          TEXT NOT NULL,
-    prompt_version TEXT NOT NULL,
-    rubric_version TEXT NOT NULL,
-    input_hash     TEXT NOT NULL,
-    l1 REAL NOT NULL, l2 REAL NOT NULL, l3 REAL NOT NULL,
-    js             REAL NOT NULL,
-    verdict_json   TEXT NOT NULL,
-    created_at     TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS verdicts_hash ON verdicts(input_hash);
-CREATE INDEX IF NOT EXISTS results_sha ON results(solution_sha256);
-"""
-
 
 class Store:
     """Append-only store of evaluation records."""
 
     def __init__(self, path: str | Path = DEFAULT_PATH):
         self.path = Path(path)
+        #: Secret values never written (:func:`d2kbench.store.redact.scrub`).
+        self.secrets: set[str] = secret_values(environ=os.environ)
         self.conn = sqlite3.connect(self.path, timeout=30)
         self.conn.row_factory = sqlite3.Row
         self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.executescript(_SCHEMA)
+        self.conn.executescript(SCHEMA)
         self._add_columns()
         self.conn.commit()
 
-    #: Columns added to the agent tables after their first release (table, column, declaration),
-    #: added to older store files on open.
-    _ADDED_COLUMNS = (
-        ("runs", "run_key", "TEXT"),                      # identity of the planned run (attempts share it)
-        ("runs", "attempt", "INTEGER NOT NULL DEFAULT 1"),
-        ("runs", "exit_reason", "TEXT"),                  # completed | budget | timeout | agent_error | ...
-        ("runs", "error", "TEXT"),
-        ("runs", "cost_usd", "REAL"),                     # sum of turns.cost_usd (our price table)
-        ("runs", "cli_cost_usd", "REAL"),                 # the CLI's own total, where it reports one
-        ("runs", "summary_json", "TEXT NOT NULL DEFAULT '{}'"),
-        ("turns", "model", "TEXT"),
-        ("turns", "reasoning_tokens", "INTEGER NOT NULL DEFAULT 0"),
-        ("turns", "retries", "INTEGER NOT NULL DEFAULT 0"),  # failed attempts before this response
-        ("candidates", "status", "TEXT NOT NULL DEFAULT 'evaluated'"),  # evaluated | rejected | error
-        ("candidates", "note", "TEXT"),
-        ("verdicts", "backend", "TEXT"),                  # judge backend (openai, anthropic, codex, ...)
-        ("verdicts", "sample", "INTEGER NOT NULL DEFAULT 0"),  # sample index of repeated judging
-        ("verdicts", "status", "TEXT NOT NULL DEFAULT 'judged'"),  # judged | ineligible | no_design
-    )
-
     def _add_columns(self) -> None:
-        for table, column, decl in self._ADDED_COLUMNS:
+        for table, column, decl in ADDED_COLUMNS:
             have = {r[1] for r in self.conn.execute(f"PRAGMA table_info({table})")}
             if column not in have:
                 try:
@@ -154,14 +59,57 @@ class Store:
                     if "duplicate column" not in str(e):
                         raise
 
+    def add_secrets(self, values) -> None:
+        """Add secret values (an API key, a token) that no record of this store may contain;
+        None and values too short to be told from ordinary text are ignored."""
+        self.secrets |= secret_values({"secret": [v for v in values if isinstance(v, str)]})
+
+    def _clean(self, obj):
+        """``obj`` with this store's secret values and credentials in URLs redacted."""
+        return scrub(obj, self.secrets)
+
+    def start_evaluation(self, eval_id: str, task: str, device: str, env: dict, created_at: str) -> None:
+        """Record the start of an evaluation (status ``running``, this process as its owner)."""
+        with self.conn:
+            self._insert_evaluation(eval_id, task, device, env, created_at)
+
+    def _insert_evaluation(self, eval_id: str, task: str, device: str, env: dict, created_at: str) -> None:
+        self.conn.execute(
+            "INSERT OR IGNORE INTO evaluations(eval_id, task, device, created_at, env_json, status, host, pid)"
+            " VALUES (?,?,?,?,?,'running',?,?)",
+            (eval_id, task, device, created_at, json.dumps(env, default=str), socket.gethostname(), os.getpid()))
+
+    def finish_evaluation(self, eval_id: str, status: str = "complete") -> None:
+        """Close an evaluation: ``complete`` (every result written) or ``interrupted``.
+
+        Raises:
+            ValueError: another status.
+        """
+        if status not in ("complete", "interrupted"):
+            raise ValueError(f"an evaluation finishes complete or interrupted, not {status!r}")
+        with self.conn:
+            self.conn.execute("UPDATE evaluations SET status=?, finished_at=? WHERE eval_id=? AND status='running'",
+                              (status, now(), eval_id))
+
+    def evaluation_states(self) -> dict[str, str]:
+        """eval_id -> status of every evaluation, where a ``running`` evaluation whose process
+        on this machine is gone reads ``interrupted`` (a process on another machine cannot be
+        checked: it stays ``running`` until merged from the store that finished it)."""
+        host = socket.gethostname()
+        out = {}
+        for r in self.conn.execute("SELECT eval_id, status, host, pid FROM evaluations"):
+            status = r["status"]
+            if status == "running" and r["host"] == host and isinstance(r["pid"], int) and not _alive(r["pid"]):
+                status = "interrupted"
+            out[r["eval_id"]] = status
+        return out
+
     def record(self, eval_id: str, task: str, run: SolutionRun, result: WorkloadResult, device: str,
                env: dict, created_at: str) -> int:
-        """Write one workload result (and its evaluation's header, once); returns the row id."""
+        """Write one workload result (and its evaluation's header, ``running``, once); returns
+        the row id. The evaluation stays ``running`` until :meth:`finish_evaluation`."""
         with self.conn:
-            self.conn.execute(
-                "INSERT OR IGNORE INTO evaluations(eval_id, task, device, created_at, env_json) VALUES (?,?,?,?,?)",
-                (eval_id, task, device, created_at, json.dumps(env, default=str)),
-            )
+            self._insert_evaluation(eval_id, task, device, env, created_at)
             cur = self.conn.execute(
                 "INSERT INTO results(eval_id, task, solution, solution_sha256, role, workload, device, status,"
                 " cause, mean_ms, median_ms, record_json) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -169,37 +117,35 @@ class Store:
                  result.cause, result.timing.mean_ms if result.timing else None,
                  result.timing.median_ms if result.timing else None, result.model_dump_json()),
             )
-        return int(cur.lastrowid)
+        return inserted_id(cur)
 
-    def merge_evaluations(self, other: str | Path, task: str | None = None) -> int:
-        """Append the evaluation records of another store file (e.g. one written on a GPU
-        machine) to this one; evaluations already present (same ``eval_id``) are skipped, so
-        merging twice adds nothing. ``task``: only that task's evaluations. Returns the number
-        of result rows added.
+    def merge(self, other: str | Path, task: str | None = None) -> MergeCounts:
+        """Bring everything of another store file (e.g. one written on a GPU machine) into this
+        one: evaluations and their results, runs with every attempt, candidates, turns, events,
+        verdicts and campaign plans. ``task``: only that task's records.
+
+        Duplicates are recognised by content: an evaluation by its id (a random id drawn at
+        its start) and its records (a different evaluation under a taken id gets its own id),
+        a run by its planned-run key, start time and identity, a candidate by (run, turn, source hash,
+        evaluation, time), a verdict by everything it records; a turn or an event by its run
+        and number. Ids are remapped: candidates get new ids (references in runs, events and
+        verdicts follow), and a run whose id is taken here by a *different* run (the same
+        planned run attempted on two machines) becomes the next attempt of its run key. A run
+        this store has as ``running`` that the other store has settled takes the settled row.
+        Merging the same store twice adds nothing.
 
         Raises:
-            FileNotFoundError: ``other`` does not exist; sqlite3.DatabaseError: not a store.
+            FileNotFoundError: ``other`` does not exist; sqlite3.DatabaseError: not a store;
+            ValueError: ``other`` is this store's own file.
         """
         if not Path(other).is_file():
             raise FileNotFoundError(f"no store at {other}")
+        if Path(other).resolve() == self.path.resolve():
+            raise ValueError(f"cannot merge {other} into itself")
         src = Store(other)  # opening upgrades an older file to this schema
         try:
-            have = {r[0] for r in self.conn.execute("SELECT eval_id FROM evaluations")}
-            new = [r for r in src.conn.execute("SELECT * FROM evaluations ORDER BY created_at")
-                   if r["eval_id"] not in have and (task is None or r["task"] == task)]
-            added = 0
             with self.conn:
-                for ev in new:
-                    self.conn.execute("INSERT INTO evaluations(eval_id, task, device, created_at, env_json) "
-                                      "VALUES (?,?,?,?,?)", tuple(ev[k] for k in ("eval_id", "task", "device",
-                                                                                  "created_at", "env_json")))
-                    cols = ("eval_id", "task", "solution", "solution_sha256", "role", "workload", "device", "status",
-                            "cause", "mean_ms", "median_ms", "recorded_at", "record_json")
-                    for r in src.conn.execute("SELECT * FROM results WHERE eval_id = ? ORDER BY id", (ev["eval_id"],)):
-                        self.conn.execute(f"INSERT INTO results({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
-                                          tuple(r[c] for c in cols))
-                        added += 1
-            return added
+                return Merge(self, src, task).run()
         finally:
             src.close()
 
@@ -258,6 +204,10 @@ class Store:
         """eval_id -> the environment record of every evaluation."""
         return {r["eval_id"]: json.loads(r["env_json"]) for r in self.conn.execute("SELECT * FROM evaluations")}
 
+    def evaluation_tasks(self) -> dict[str, str]:
+        """eval_id -> the task of every evaluation."""
+        return {r[0]: r[1] for r in self.conn.execute("SELECT eval_id, task FROM evaluations")}
+
     def turn_rows(self, run_ids: list[str]) -> list[sqlite3.Row]:
         """Per-turn token usage of these runs, by (run_id, turn)."""
         return self._select("turns", {"run_id": run_ids}, "run_id, turn")
@@ -276,8 +226,9 @@ class Store:
                 "INSERT INTO verdicts(kind, task, target, model, prompt_version, rubric_version, input_hash, l1, l2,"
                 " l3, js, verdict_json, created_at, backend, sample, status) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (kind, task, target, model, prompt_version, rubric_version, input_hash, l1, l2, l3, js,
-                 json.dumps(verdict, default=str), _now(), backend, sample, status))
-        return int(cur.lastrowid)
+                 json.dumps(self._clean(json.loads(json.dumps(verdict, default=str)))), now(), backend, sample,
+                 status))
+        return inserted_id(cur)
 
     def verdicts_by_hash(self, input_hash: str) -> list[sqlite3.Row]:
         """Verdicts recorded under one input hash, oldest first."""
@@ -293,6 +244,7 @@ class Store:
                   budget_turns: int, config: dict, campaign: str | None = None, run_key: str | None = None,
                   attempt: int = 1) -> None:
         """Insert a run with status ``running`` (replacing nothing: ``run_id`` must be new).
+        ``config`` is recorded with its secrets redacted (:func:`redact_secrets`).
 
         Raises:
             sqlite3.IntegrityError: ``run_id`` exists already.
@@ -301,8 +253,9 @@ class Store:
             self.conn.execute(
                 "INSERT INTO runs(run_id, campaign, task, model, backend, guidance, seed, budget_turns, status,"
                 " started_at, config_json, run_key, attempt) VALUES (?,?,?,?,?,?,?,?,'running',?,?,?,?)",
-                (run_id, campaign, task, model, backend, guidance, seed, budget_turns, _now(),
-                 json.dumps(config, default=str), run_key or run_id, attempt))
+                (run_id, campaign, task, model, backend, guidance, seed, budget_turns, now(),
+                 json.dumps(self._clean(redact_secrets(json.loads(json.dumps(config, default=str))))),
+                 run_key or run_id, attempt))
 
     def finish_run(self, run_id: str, *, status: str, final_candidate: int | None = None,
                    exit_reason: str | None = None, error: str | None = None, cost_usd: float | None = None,
@@ -317,27 +270,30 @@ class Store:
             cur = self.conn.execute(
                 "UPDATE runs SET status=?, finished_at=?, final_candidate=?, exit_reason=?, error=?, cost_usd=?,"
                 " cli_cost_usd=?, summary_json=? WHERE run_id=? AND status='running'",
-                (status, _now(), final_candidate, exit_reason, error, cost_usd, cli_cost_usd,
-                 json.dumps(summary or {}, default=str), run_id))
+                (status, now(), final_candidate, exit_reason, self._clean(error), cost_usd, cli_cost_usd,
+                 json.dumps(self._clean(json.loads(json.dumps(summary or {}, default=str)))), run_id))
         return cur.rowcount == 1
 
     def mark_interrupted(self, run_ids: list[str], reason: str) -> None:
         """Set runs left ``running`` by a dead process to ``interrupted`` (their rows stay)."""
         with self.conn:
             self.conn.executemany("UPDATE runs SET status='interrupted', finished_at=?, error=? "
-                                  "WHERE run_id=? AND status='running'", [(_now(), reason, r) for r in run_ids])
+                                  "WHERE run_id=? AND status='running'",
+                                  [(now(), self._clean(reason), r) for r in run_ids])
 
     def add_turn(self, run_id: str, turn: int, *, input_tokens: int, output_tokens: int, cache_read: int,
-                 cache_write_5m: int, cache_write_1h: int, cost_usd: float, cli_cost_usd: float | None = None,
+                 cache_write_5m: int, cache_write_1h: int, cost_usd: float | None, cli_cost_usd: float | None = None,
                  model: str | None = None, reasoning_tokens: int = 0, retries: int = 0) -> None:
-        """Write (or rewrite) the usage and cost of one turn (one model response; 1-based)."""
+        """Write (or rewrite) the usage and cost of one turn (one model response; 1-based).
+        ``cost_usd`` None: the model has no price, the turn's cost is unknown (``unpriced``)."""
         with self.conn:
             self.conn.execute(
                 "INSERT OR REPLACE INTO turns(run_id, turn, input_tokens, output_tokens, cache_read, cache_write_5m,"
-                " cache_write_1h, cost_usd, cli_cost_usd, created_at, model, reasoning_tokens, retries)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (run_id, turn, input_tokens, output_tokens, cache_read, cache_write_5m, cache_write_1h, cost_usd,
-                 cli_cost_usd, _now(), model, reasoning_tokens, retries))
+                " cache_write_1h, cost_usd, cli_cost_usd, created_at, model, reasoning_tokens, retries, unpriced)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (run_id, turn, input_tokens, output_tokens, cache_read, cache_write_5m, cache_write_1h,
+                 0.0 if cost_usd is None else cost_usd, cli_cost_usd, now(), model, reasoning_tokens, retries,
+                 int(cost_usd is None)))
 
     def add_event(self, run_id: str, turn: int, kind: str, data: dict) -> int:
         """Append one trajectory event; returns its sequence number (1-based, per run). Safe
@@ -347,7 +303,8 @@ class Store:
             seq = self.conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE run_id=?",
                                     (run_id,)).fetchone()[0]
             self.conn.execute("INSERT INTO events(run_id, seq, turn, kind, data_json) VALUES (?,?,?,?,?)",
-                              (run_id, seq, turn, kind, json.dumps(data, default=str)))
+                              (run_id, seq, turn, kind,
+                               json.dumps(self._clean(json.loads(json.dumps(data, default=str))))))
         return int(seq)
 
     def add_candidate(self, run_id: str, *, turn: int, solution_sha256: str, path: str, eval_id: str | None,
@@ -358,8 +315,23 @@ class Store:
             cur = self.conn.execute(
                 "INSERT INTO candidates(run_id, turn, solution_sha256, path, eval_id, eligible, geomean_speedup,"
                 " created_at, status, note) VALUES (?,?,?,?,?,?,?,?,?,?)",
-                (run_id, turn, solution_sha256, path, eval_id, int(eligible), geomean_speedup, _now(), status, note))
-        return int(cur.lastrowid)
+                (run_id, turn, solution_sha256, path, eval_id, int(eligible), geomean_speedup, now(), status,
+                 self._clean(note)))
+        return inserted_id(cur)
+
+    def record_plan(self, name: str, plan: dict) -> bool:
+        """Record a campaign plan (secrets redacted); returns whether this version is new."""
+        clean = self._clean(redact_secrets(json.loads(json.dumps(plan, default=str))))
+        text = json.dumps(clean, sort_keys=True)
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        with self.conn:
+            cur = self.conn.execute("INSERT OR IGNORE INTO campaigns(name, plan_sha256, plan_json, recorded_at) "
+                                    "VALUES (?,?,?,?)", (name, digest, text, now()))
+        return cur.rowcount == 1
+
+    def plans(self, names: list[str] | None = None) -> list[sqlite3.Row]:
+        """Recorded campaign plans (every version), by (name, recorded_at)."""
+        return self._select("campaigns", {"name": names}, "name, recorded_at, plan_sha256")
 
     def run(self, run_id: str) -> sqlite3.Row | None:
         """One run's row."""
@@ -393,10 +365,22 @@ class Store:
         return list(self.conn.execute(q + " ORDER BY seq", params))
 
     def close(self) -> None:
+        """Close the connection (committed writes stay; the store can no longer be used)."""
         self.conn.close()
 
+    def __enter__(self) -> Store:
+        return self
 
-def _now() -> str:
-    from datetime import datetime, timezone
+    def __exit__(self, *exc) -> None:
+        self.close()
 
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+def _alive(pid: int) -> bool:
+    """Whether a process with this id exists on this machine."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -9,13 +9,14 @@ from __future__ import annotations
 import ast
 import math
 import operator
+from collections.abc import Callable, Mapping
 
 _BINOPS = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
     ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow,
     ast.Mod: operator.mod,
 }
-_FUNCS = {"min": min, "max": max, "ceil": math.ceil}
+_FUNCS: dict[str, Callable[..., float]] = {"min": min, "max": max, "ceil": math.ceil}
 
 
 class FormulaError(ValueError):
@@ -45,11 +46,11 @@ def _parse(expr: str) -> ast.Expression:
 def formula_names(expr: str) -> set[str]:
     """The free names a formula uses (function names excluded)."""
     tree = _parse(expr)
-    calls = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    calls = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
     return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} - calls
 
 
-def evaluate_formula(expr: str, values: dict[str, int | float]) -> float:
+def evaluate_formula(expr: str, values: Mapping[str, int | float]) -> float:
     """Evaluate ``expr`` with axis values.
 
     Raises:
@@ -60,7 +61,7 @@ def evaluate_formula(expr: str, values: dict[str, int | float]) -> float:
         if isinstance(node, ast.Expression):
             return ev(node.body)
         if isinstance(node, ast.Constant):
-            return node.value
+            return node.value  # type: ignore[return-value]  # _parse admits numeric constants only
         if isinstance(node, ast.Name):
             if node.id not in values:
                 raise FormulaError(f"formula {expr!r} uses unknown name {node.id!r}")
@@ -70,7 +71,7 @@ def evaluate_formula(expr: str, values: dict[str, int | float]) -> float:
             return -v if isinstance(node.op, ast.USub) else v
         if isinstance(node, ast.BinOp):
             return _BINOPS[type(node.op)](ev(node.left), ev(node.right))
-        if isinstance(node, ast.Call):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):  # _parse admits no other calls
             return _FUNCS[node.func.id](*[ev(a) for a in node.args])
         raise FormulaError(f"unsupported element in {expr!r}")
 

@@ -13,11 +13,15 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from types import ModuleType
+from typing import TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from d2kbench.tasks.schema import Alternative, Guidance, Rubric, TaskSpec
+
+#: The pydantic model a YAML file is read into.
+M = TypeVar("M", bound=BaseModel)
 
 SUITE_DIR = Path(__file__).resolve().parent.parent / "suite"
 #: How a task's alternative is named where a solution is expected (``alt:sdpa_flash``).
@@ -25,12 +29,20 @@ ALT_PREFIX = "alt:"
 #: The harness file behind ``compile_reference: true`` (``torch.compile`` of the task reference).
 COMPILED_REFERENCE = Path(__file__).resolve().parent.parent / "harness" / "compiled_reference.py"
 
-#: Files every task folder must have (TASKS.md).
+#: Files every task folder must have (docs/tasks.md, "Files").
 REQUIRED_FILES = (
     "task.yaml", "reference.py", "template.py", "requirements.md", "guidance.yaml", "rubric.yaml",
 )
 #: Files staged into an agent's workspace; the rest (expert code, rubric) is held back.
+#: ``task.yaml`` is staged as its public rendering (:func:`public_task_yaml`).
 SHARED_FILES = ("task.yaml", "reference.py", "template.py", "requirements.md")
+#: Parts of ``task.yaml`` an agent never sees: the work models of designs (``sol`` other than
+#: the reference's counts: variants, the floor, which solution does which work), the
+#: alternatives (harness configuration), the origin (the systems and designs it comes from) and
+#: every ``rationale``/``note`` (how tolerances and counts were derived, which names designs).
+PRIVATE_SOL_KEYS = ("variants", "floor", "solution_work")
+PRIVATE_KEYS = ("alternatives", "origin")
+PRIVATE_ANYWHERE = ("rationale", "note")
 
 
 class TaskFileError(ValueError):
@@ -43,7 +55,7 @@ class TaskFileError(ValueError):
         super().__init__("\n".join(lines))
 
 
-def _read_yaml(path: Path, model: type[BaseModel]) -> BaseModel:
+def _read_yaml(path: Path, model: type[M]) -> M:
     if not path.is_file():
         raise TaskFileError(path, [("", "file is missing")])
     try:
@@ -80,6 +92,46 @@ def import_file(path: Path, name: str | None = None) -> ModuleType:
     return module
 
 
+def _strip(node, drop: tuple[str, ...]):
+    if isinstance(node, dict):
+        return {k: _strip(v, drop) for k, v in node.items() if k not in drop}
+    if isinstance(node, list):
+        return [_strip(v, drop) for v in node]
+    return node
+
+
+def public_task_yaml(task_root: Path) -> str:
+    """The task specification as an agent sees it: ``task.yaml`` without the private parts
+    (:data:`PRIVATE_SOL_KEYS`, :data:`PRIVATE_KEYS`, :data:`PRIVATE_ANYWHERE`), so that an
+    unguided workspace holds no design notes. The reference's SOL counts stay (what the
+    reference computes is public).
+
+    Raises:
+        TaskFileError: ``task.yaml`` is missing or not a mapping.
+    """
+    path = Path(task_root) / "task.yaml"
+    if not path.is_file():
+        raise TaskFileError(path, [("", "file is missing")])
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict):
+        raise TaskFileError(path, [("", "top level must be a mapping")])
+    data = {k: v for k, v in data.items() if k not in PRIVATE_KEYS}
+    if isinstance(data.get("sol"), dict):
+        data["sol"] = {k: v for k, v in data["sol"].items() if k not in PRIVATE_SOL_KEYS}
+    data = _strip(data, PRIVATE_ANYWHERE)
+    head = ("# The task specification (its public part: design notes, the work models of designs and the\n"
+            "# derivations of tolerances are not included).\n")
+    return head + yaml.dump(data, Dumper=_BlockDumper, sort_keys=False, allow_unicode=True, width=100)
+
+
+class _BlockDumper(yaml.SafeDumper):
+    """Multi-line strings as literal blocks (``|``), as task files write them."""
+
+
+_BlockDumper.add_representer(str, lambda d, v: d.represent_scalar("tag:yaml.org,2002:str", v,
+                                                                  style="|" if "\n" in v else None))
+
+
 @dataclass
 class Task:
     """A loaded task folder. ``spec`` is the parsed ``task.yaml``."""
@@ -93,11 +145,11 @@ class Task:
 
     @cached_property
     def guidance(self) -> Guidance:
-        return _read_yaml(self.root / "guidance.yaml", Guidance)  # type: ignore[return-value]
+        return _read_yaml(self.root / "guidance.yaml", Guidance)
 
     @cached_property
     def rubric(self) -> Rubric:
-        return _read_yaml(self.root / "rubric.yaml", Rubric)  # type: ignore[return-value]
+        return _read_yaml(self.root / "rubric.yaml", Rubric)
 
     def reference_module(self) -> ModuleType:
         return import_file(self.root / "reference.py")
@@ -193,7 +245,7 @@ def load_task(task: str | Path) -> Task:
                for i, a in enumerate(spec.alternatives) if a.file and not (root / a.file).is_file()]
     if missing:
         raise TaskFileError(root / "task.yaml", missing)
-    return Task(root=root.resolve(), spec=spec)  # type: ignore[arg-type]
+    return Task(root=root.resolve(), spec=spec)
 
 
 def list_tasks(suite_dir: Path = SUITE_DIR) -> list[str]:

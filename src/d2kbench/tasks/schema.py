@@ -1,4 +1,4 @@
-"""Pydantic schemas of a task folder's YAML files (TASKS.md: the task contract).
+"""Pydantic schemas of a task folder's YAML files (docs/tasks.md: the task contract).
 
 ``task.yaml`` -> :class:`TaskSpec`; ``guidance.yaml`` -> :class:`Guidance`;
 ``rubric.yaml`` -> :class:`Rubric`. Every model forbids unknown keys, so a typo in a task
@@ -7,12 +7,13 @@ file is an error that names the field instead of a silently ignored setting.
 
 from __future__ import annotations
 
+import math
 import re
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from d2kbench.tasks.formula import formula_names
+from d2kbench.tasks.formula import FormulaError, evaluate_formula, formula_names
 
 DTYPES = (
     "bfloat16", "float16", "float32", "float64",
@@ -36,7 +37,11 @@ class _PerWorkloadDtype:
     sets it, overrides ``dtype`` on that workload (e.g. smoke workloads in float16 where the
     registered ones are bfloat16, because the CPU interpreter has no bfloat16 arithmetic)."""
 
-    def dtype_for(self, workload: "Workload | None") -> str:
+    if TYPE_CHECKING:  # fields of the pydantic models this mixin is combined with
+        dtype: str
+        dtype_param: str | None
+
+    def dtype_for(self, workload: Workload | None) -> str:
         """The dtype name of this tensor on ``workload`` (``dtype`` unless ``dtype_param`` overrides it)."""
         if workload is not None and self.dtype_param and self.dtype_param in workload.params:
             return str(workload.params[self.dtype_param])
@@ -70,7 +75,7 @@ class ScalarArg(_Strict):
     description: str = ""
 
     @model_validator(mode="after")
-    def _axis(self) -> "ScalarArg":
+    def _axis(self) -> ScalarArg:
         if self.axis is not None and (self.kind != "int" or not self.axis.isidentifier()):
             raise ValueError(f"scalar {self.name!r}: 'axis' needs kind int and an identifier name")
         return self
@@ -98,11 +103,16 @@ class Tolerance(_Strict):
         that may flip by one at rounding boundaries, integer outputs off by one, ...).
       * ``custom``: the task reference's ``check(inputs, outputs)`` decides (non-unique outputs);
         a ``check`` that accepts an ``output`` keyword is told which output is being checked.
+      * ``unchanged`` (state checks only): every element of an in-place argument that the
+        reference left bit-identical to the call's input must still be bit-identical after the
+        solution's call (the canary slots of a state pool or a cache); elements the reference
+        changed are left to the argument's other checks. Error: the fraction of such elements
+        modified; passes when none is.
     against: ``reference`` (the native-precision ``run``) or ``oracle`` (``reference.oracle``).
     """
 
     against: Literal["reference", "oracle"] = "reference"
-    metric: Literal["rel_fro", "allclose", "exact", "ulp", "custom"]
+    metric: Literal["rel_fro", "allclose", "exact", "ulp", "custom", "unchanged"]
     slice_dims: list[str] = []
     max: float | None = None
     atol: float | None = None
@@ -112,7 +122,7 @@ class Tolerance(_Strict):
     rationale: str
 
     @model_validator(mode="after")
-    def _params(self) -> "Tolerance":
+    def _params(self) -> Tolerance:
         if self.metric == "rel_fro" and self.max is None:
             raise ValueError("metric rel_fro needs 'max'")
         if self.metric == "allclose" and (self.atol is None or self.rtol is None):
@@ -122,6 +132,27 @@ class Tolerance(_Strict):
         if not self.rationale.strip():
             raise ValueError("a tolerance needs a one-line rationale")
         return self
+
+    def widened(self, factor: float) -> Tolerance:
+        """This check with its bound ``factor`` times wider (``factor`` >= 1).
+
+        Scales ``max`` (rounded up to whole units for ``ulp``), ``atol``, ``rtol`` and
+        ``max_mismatch`` (capped at 1); ``exact``, ``custom`` and ``unchanged`` have no bound to
+        widen and come back as they are. Used for calls whose inputs lie off the workload's
+        distribution (the sensitivity call, docs/integrity.md).
+        """
+        if factor < 1:
+            raise ValueError(f"a tolerance is only widened (factor {factor} < 1)")
+        if factor == 1 or self.metric in ("exact", "custom", "unchanged"):
+            return self
+        update: dict = {"max_mismatch": min(1.0, self.max_mismatch * factor)}
+        if self.max is not None:
+            update["max"] = float(math.ceil(self.max * factor)) if self.metric == "ulp" else self.max * factor
+        if self.atol is not None:
+            update["atol"] = self.atol * factor
+        if self.rtol is not None:
+            update["rtol"] = self.rtol * factor
+        return self.model_copy(update=update)
 
 
 class OutputSpec(_Strict, _PerWorkloadDtype):
@@ -157,7 +188,7 @@ class Workload(_Strict):
     correctness_only: bool = False
     checks: dict[str, list[Tolerance]] = {}
     strides: dict[str, list[str | int]] = {}
-    timing: "Timing | None" = None
+    timing: Timing | None = None
     #: what bounds this workload's speed, ``compute``, ``memory`` or ``latency`` (a call whose
     #: roofline time is below the launch floor); by default derived from the task's floor work
     #: model and the measured launch floor (d2kbench.scoring.sol.bound_of), set only to override
@@ -180,16 +211,22 @@ class Workload(_Strict):
 
 
 class Timing(_Strict):
-    """How latency is measured (DESIGN.md section 4)."""
+    """How latency is measured (docs/timing.md, "What is timed")."""
 
     mode: Literal["events", "graph"]
     rationale: str = ""
 
 
 class WorkCounts(_Strict):
-    """Work of one algorithm as formulas of the axes (Python arithmetic on axis names)."""
+    """Work of one algorithm as formulas of the axes (Python arithmetic on axis names).
+
+    ``tc_precision`` is the operand precision of the tensor-core FLOPs, which decides the peak
+    rate they are bounded by: ``bf16`` (16-bit operands, the default) or ``fp8`` (FP8 operands,
+    e.g. a block-scaled FP8 GEMM, whose tensor-core rate is twice the 16-bit one).
+    """
 
     tc_flops: str = "0"
+    tc_precision: Literal["bf16", "fp8"] = "bf16"
     fp32_flops: str = "0"
     bytes: str = "0"
     note: str = ""
@@ -209,7 +246,7 @@ class SolSpec(_Strict):
     solution_work: dict[str, str] = {}
 
     @model_validator(mode="after")
-    def _floor(self) -> "SolSpec":
+    def _floor(self) -> SolSpec:
         for name in [self.floor, *self.solution_work.values()]:
             if name != "reference" and name not in self.variants:
                 raise ValueError(f"work model {name!r} is neither 'reference' nor a variant")
@@ -289,7 +326,7 @@ class Alternative(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _source(self) -> "Alternative":
+    def _source(self) -> Alternative:
         if (self.file is None) == (not self.compile_reference):
             raise ValueError(f"alternative {self.name!r} needs exactly one of 'file' and 'compile_reference: true'")
         return self
@@ -325,7 +362,9 @@ class TaskSpec(_Strict):
     origin: list[str] = Field(min_length=1)
     description: str
     args: list[Annotated[TensorArg | ScalarArg, Field(discriminator="kind")]] = Field(min_length=1)
-    outputs: list[OutputSpec] = []  # empty only for an in-place operator (mutable args): run returns None or ()
+    #: what ``run`` returns, in order: one output bare, several as a tuple; empty only for an
+    #: in-place operator (mutable args), whose run returns None or () (:meth:`returned_container`)
+    outputs: list[OutputSpec] = []
     state_checks: dict[str, list[Tolerance]] = {}
     workloads: list[Workload] = Field(min_length=1)
     smoke_workloads: list[Workload] = Field(min_length=1)
@@ -333,6 +372,9 @@ class TaskSpec(_Strict):
     sol: SolSpec
     forbidden: Forbidden = Forbidden()
     alternatives: list[Alternative] = []
+    #: axes a workload may set to 0 (a decode step without tokens, an empty batch); every other
+    #: axis is a size >= 1, and no axis is negative
+    empty_axes: list[str] = []
     timeout_s: float = Field(default=600.0, gt=0)
 
     @field_validator("id")
@@ -343,7 +385,7 @@ class TaskSpec(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _consistency(self) -> "TaskSpec":
+    def _consistency(self) -> TaskSpec:
         names = [a.name for a in self.args] + [o.name for o in self.outputs]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
@@ -360,6 +402,8 @@ class TaskSpec(_Strict):
                 _check_dims(o.strides, axes, f"output {o.name!r} strides", len(o.shape))
             for t in o.checks:
                 self._check_axes(t, o.shape, f"output {o.name!r}")
+                if t.metric == "unchanged":
+                    raise ValueError(f"output {o.name!r}: metric 'unchanged' applies to state_checks only")
         mutable = {a.name: a for a in self.args if isinstance(a, TensorArg) and a.mutable}
         for name, checks in self.state_checks.items():
             if name not in mutable:
@@ -371,11 +415,13 @@ class TaskSpec(_Strict):
             raise ValueError(f"mutable arguments without state_checks: {sorted(missing)}")
         if not self.outputs and not mutable:
             raise ValueError("a task needs outputs, or mutable arguments (an in-place operator)")
-        for t in [a for a in self.args if isinstance(a, TensorArg)] + list(self.outputs):
-            for w in self.all_workloads() if t.dtype_param else []:
-                if t.dtype_param in w.params and w.params[t.dtype_param] not in DTYPES:
-                    raise ValueError(f"workload {w.id!r} sets {t.dtype_param}={w.params[t.dtype_param]!r} "
-                                     f"(dtype of {t.name!r}), not one of {DTYPES}")
+        tensors: list[TensorArg | OutputSpec] = [a for a in self.args if isinstance(a, TensorArg)]
+        for tensor in tensors + list(self.outputs):
+            for w in self.all_workloads() if tensor.dtype_param else []:
+                value = w.params.get(tensor.dtype_param) if tensor.dtype_param else None
+                if tensor.dtype_param in w.params and not (isinstance(value, str) and value in DTYPES):
+                    raise ValueError(f"workload {w.id!r} sets {tensor.dtype_param}={value!r} "
+                                     f"(dtype of {tensor.name!r}), not one of {DTYPES}")
         ids = [w.id for w in self.all_workloads()]
         dup = {i for i in ids if ids.count(i) > 1}
         if dup:
@@ -385,6 +431,8 @@ class TaskSpec(_Strict):
             for name, checks in w.checks.items():
                 if name not in checked:
                     raise ValueError(f"workload {w.id!r} overrides checks of unknown output {name!r}")
+                if name not in mutable and any(t.metric == "unchanged" for t in checks):
+                    raise ValueError(f"workload {w.id!r} output {name!r}: metric 'unchanged' applies to state_checks only")
                 for t in checks:
                     self._check_axes(t, checked[name], f"workload {w.id!r} output {name!r}")
             if set(w.axes) != axes:
@@ -397,6 +445,7 @@ class TaskSpec(_Strict):
                     raise ValueError(f"workload {w.id!r} overrides strides of unknown output {name!r}")
                 _check_dims(strides, axes, f"workload {w.id!r} strides of {name!r}", len(shapes[name]))
         self._check_alternatives()
+        self._check_workload_sizes()
         for name in ("reference", *self.sol.variants):
             c = self.sol.counts(name)
             for field in ("tc_flops", "fp32_flops", "bytes"):
@@ -404,6 +453,40 @@ class TaskSpec(_Strict):
                 if unknown:
                     raise ValueError(f"sol {name}.{field} uses unknown names {sorted(unknown)}")
         return self
+
+    def _check_workload_sizes(self) -> None:
+        """Every workload's axis values are sizes (>= 1, or >= 0 for ``empty_axes``), and every
+        shape and stride of the arguments and outputs evaluates to a whole number >= 0 on it.
+
+        Raises:
+            ValueError: naming the task, the workload and the axis, argument or output.
+        """
+        axes = self.axis_names()
+        unknown = sorted(set(self.empty_axes) - axes)
+        if unknown:
+            raise ValueError(f"task {self.id!r}: empty_axes names {unknown}, not axes of the arguments")
+        for w in self.all_workloads():
+            where = f"task {self.id!r}: workload {w.id!r}"
+            for ax, v in w.axes.items():
+                if v < 0:
+                    raise ValueError(f"{where}: axis {ax!r} = {v}: a size cannot be negative")
+                if v == 0 and ax not in self.empty_axes:
+                    raise ValueError(f"{where}: axis {ax!r} = 0: a size must be >= 1 "
+                                     f"(list {ax!r} in empty_axes if a workload may have none)")
+            dims = [(f"argument {a.name!r} shape", a.shape) for a in self.tensor_args()]
+            for o in self.outputs:
+                dims.append((f"output {o.name!r} shape", o.shape))
+                dims.append((f"output {o.name!r} strides", self.strides_for(o, w) or []))
+            for what, entries in dims:
+                for d in entries:
+                    if isinstance(d, int):
+                        continue
+                    try:
+                        value = evaluate_formula(d, w.axes) if not is_axis_name(d) else w.axes[d]
+                    except (FormulaError, ArithmeticError) as e:
+                        raise ValueError(f"{where}: {what} entry {d!r} cannot be evaluated: {e}") from None
+                    if value < 0 or value != int(value):
+                        raise ValueError(f"{where}: {what} entry {d!r} = {value}, not a whole number >= 0")
 
     def _check_alternatives(self) -> None:
         """Alternative names and files are unique; at most one ``compile_reference`` (default mode:
@@ -422,13 +505,36 @@ class TaskSpec(_Strict):
             if ax not in shape:
                 raise ValueError(f"{where}: tolerance axis {ax!r} is not in its shape {shape}")
 
+    def returned_container(self) -> str:
+        """How ``run`` returns its outputs, by the number declared in ``outputs``: ``"none"`` (an
+        in-place operator: ``None``, or an empty tuple), ``"bare"`` (one output: the tensor
+        itself), ``"tuple"`` (several: a ``tuple`` in the declared order, not a list)."""
+        return "none" if not self.outputs else "bare" if len(self.outputs) == 1 else "tuple"
+
+    def container_problem(self, container: str | None) -> str | None:
+        """Why a ``run`` result whose type is named ``container`` (``type(result).__name__``, as
+        the worker reports it) breaks :meth:`returned_container`; None when it does not.
+
+        Only the container is judged here: the number of outputs and their types are checked
+        separately (a bare non-tensor is a structure failure, not a container one)."""
+        kind = self.returned_container()
+        if kind == "none" and container not in ("NoneType", "tuple"):
+            return f"returned a {container}; an in-place operator returns None (or an empty tuple)"
+        if kind == "bare" and container in ("tuple", "list"):
+            return (f"returned a {container}; the task's one output ({self.outputs[0].name}) is returned "
+                    "bare, as the tensor itself")
+        if kind == "tuple" and container != "tuple":
+            names = ", ".join(o.name for o in self.outputs)
+            return f"returned a {container}; the {len(self.outputs)} outputs ({names}) are returned as a tuple"
+        return None
+
     def all_workloads(self) -> list[Workload]:
         return [*self.workloads, *self.smoke_workloads]
 
     def axis_names(self) -> set[str]:
         """Every axis a workload must give: axis names in tensor-argument shapes, plus the axes
         that int scalar arguments are bound to (``ScalarArg.axis``)."""
-        axes = {ax for a in self.tensor_args() for ax in a.shape if is_axis_name(ax)}
+        axes = {str(ax) for a in self.tensor_args() for ax in a.shape if is_axis_name(ax)}
         return axes | {a.axis for a in self.args if isinstance(a, ScalarArg) and a.axis}
 
     def timing_for(self, workload: Workload) -> Timing:
@@ -479,7 +585,7 @@ class Guidance(_Strict):
     items: list[GuidanceItem] = Field(min_length=3)
 
     @model_validator(mode="after")
-    def _resolve(self) -> "Guidance":
+    def _resolve(self) -> Guidance:
         ids = [i.id for i in self.items]
         dup = {i for i in ids if ids.count(i) > 1}
         if dup:

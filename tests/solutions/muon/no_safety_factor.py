@@ -1,5 +1,5 @@
 """Must fail the tolerance: a wrong normalisation, G / ||G||_F without the 1.02 safety factor."""
-from d2kbench.suite.muon_newton_schulz.solutions import straightforward as sf
+import _muon_sf as sf  # the task's straightforward solution, staged next to this file by the tests
 
 
 def run(G, steps=5):

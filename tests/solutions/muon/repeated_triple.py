@@ -1,5 +1,5 @@
 """Must fail the tolerance: the second coefficient triple is repeated in place of the third."""
-from d2kbench.suite.muon_newton_schulz.solutions import straightforward as sf
+import _muon_sf as sf  # the task's straightforward solution, staged next to this file by the tests
 
 C = sf.COEFFS
 

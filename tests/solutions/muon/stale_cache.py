@@ -1,5 +1,5 @@
 """Fails the repeated-execution check: returns the first call's result on every later call."""
-from d2kbench.suite.muon_newton_schulz.solutions import straightforward as reference
+import _muon_sf as reference  # the task's straightforward solution, staged next to this file by the tests
 
 _CACHE = {}
 

@@ -1,7 +1,7 @@
 """Integrity violation: returns a torch.Tensor subclass instead of a plain tensor."""
 import torch
 
-from d2kbench.suite.muon_newton_schulz.solutions import straightforward as reference
+import _muon_sf as reference  # the task's straightforward solution, staged next to this file by the tests
 
 
 class Lazy(torch.Tensor):

@@ -24,8 +24,16 @@ Example (the LLM judge)::
 from __future__ import annotations
 
 from d2kbench.agents.backends.base import (
-    Backend, BackendError, Completion, MalformedOutputError, RetryPolicy, ToolCall, Usage,
+    Backend,
+    BackendError,
+    Completion,
+    MalformedOutputError,
+    RetryPolicy,
+    ToolCall,
+    Usage,
 )
+
+# Imports inside functions: each backend module (and its provider SDK) loads only when that backend is asked for.
 
 #: Registry names accepted by :func:`get_backend`.
 BACKENDS = ("openai", "anthropic", "claude-code", "codex")

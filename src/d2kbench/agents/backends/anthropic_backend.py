@@ -12,9 +12,18 @@ import os
 from typing import Any
 
 from d2kbench.agents.backends.base import (
-    RETRY_STATUSES, Backend, BackendError, Completion, MalformedOutputError, Usage, make_tool_call,
-    parse_retry_after, with_retries,
+    RETRY_STATUSES,
+    Backend,
+    BackendError,
+    Completion,
+    MalformedOutputError,
+    Usage,
+    make_tool_call,
+    parse_retry_after,
+    with_retries,
 )
+
+# Imports inside functions: the anthropic SDK (an optional extra) loads only when this backend runs.
 
 #: Name of the forced tool that carries a structured (``json_schema``) answer.
 STRUCTURED_TOOL = "structured_output"

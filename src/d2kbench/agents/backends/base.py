@@ -24,7 +24,8 @@ import json
 import logging
 import random
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -75,10 +76,10 @@ class Usage(BaseModel):
     cache_write_1h: int = 0
     reasoning_tokens: int = 0
 
-    def __add__(self, other: "Usage") -> "Usage":
+    def __add__(self, other: Usage) -> Usage:
         return Usage(**{k: getattr(self, k) + getattr(other, k) for k in Usage.model_fields})
 
-    def __sub__(self, other: "Usage") -> "Usage":
+    def __sub__(self, other: Usage) -> Usage:
         return Usage(**{k: getattr(self, k) - getattr(other, k) for k in Usage.model_fields})
 
     @property
@@ -92,7 +93,7 @@ class Usage(BaseModel):
         return self.input_tokens + self.cache_read + self.cache_write
 
     @classmethod
-    def total(cls, items) -> "Usage":
+    def total(cls, items) -> Usage:
         out = cls()
         for u in items:
             out = out + u
@@ -330,7 +331,7 @@ class Backend(abc.ABC):
             MalformedOutputError: the response could not be parsed.
         """
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - an optional hook: backends without connections keep the no-op
         """Release connections (idempotent)."""
 
     def __repr__(self) -> str:

@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from d2kbench.agents.backends.anthropic_backend import messages_usage
 from d2kbench.agents.backends.base import ToolCall, Usage
 from d2kbench.agents.backends.cli import CliBackend, CliTurn, SessionResult, StreamParser, base_env, run_cli
+from d2kbench.agents.workspace import WorkspaceConfig
 
+#: How long one tool call may take (ms), an MCP tool or a Bash command alike: the longest is a
+#: submit that waits for a slow evaluation (``WorkspaceConfig.submit_timeout_s``, 2 h) and then
+#: answers; 10 minutes more, so that Claude Code never kills (or backgrounds) a submit first.
+TOOL_TIMEOUT_MS = int((WorkspaceConfig.model_fields["submit_timeout_s"].default + 600) * 1000)
 #: Tools removed from Claude Code for fair, accountable runs (web access, sub-agents, schedulers).
 DISALLOWED_TOOLS = ("WebSearch", "WebFetch", "Task", "Agent", "Workflow", "ScheduleWakeup", "CronCreate",
                     "RemoteTrigger", "SendMessage")
@@ -160,7 +165,10 @@ class ClaudeCodeBackend(CliBackend):
                  "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1",
                  # MCP tools in the first request (not deferred behind a tool search), and a
                  # tool call may run as long as an evaluation takes
-                 "ENABLE_TOOL_SEARCH": "false", "MCP_TIMEOUT": "120000", "MCP_TOOL_TIMEOUT": "7200000"}
+                 "ENABLE_TOOL_SEARCH": "false", "MCP_TIMEOUT": "120000", "MCP_TOOL_TIMEOUT": str(TOOL_TIMEOUT_MS),
+                 # ... and so may a tools/submit through Bash: never killed, never moved to the background
+                 "BASH_DEFAULT_TIMEOUT_MS": str(TOOL_TIMEOUT_MS), "BASH_MAX_TIMEOUT_MS": str(TOOL_TIMEOUT_MS),
+                 "CLAUDE_CODE_DISABLE_BACKGROUND_TASKS": "1"}
         key = self.api_key or os.environ.get("ANTHROPIC_API_KEY")
         if self.base_url:
             extra["ANTHROPIC_BASE_URL"] = self.base_url
@@ -202,4 +210,4 @@ class ClaudeCodeBackend(CliBackend):
         parser = ClaudeStreamParser(config_dir=config_dir, on_turn=on_turn, on_event=on_event)
         return run_cli(self.argv(config_dir, system=system, mcp_servers=mcp_servers, json_schema=json_schema),
                        cwd=Path(cwd), env=self.env(config_dir), prompt=prompt, parser=parser, events_path=events_path,
-                       timeout_s=timeout_s or self.timeout_s, budget_turns=budget_turns)
+                       timeout_s=timeout_s or self.timeout_s, budget_turns=budget_turns, config_dir=config_dir)

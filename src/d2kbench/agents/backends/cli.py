@@ -5,6 +5,11 @@ from a file on stdin, stdout read line by line (JSONL events) on a thread, a wal
 and a turn budget enforced by the harness: on either, the whole process group gets SIGTERM,
 then SIGKILL after a grace period, so compilers and profilers the agent started die too.
 Each session has a private configuration directory (``CLAUDE_CONFIG_DIR`` / ``CODEX_HOME``).
+
+The session runs in an OS sandbox (:func:`agent_sandbox`): it sees the Python runtime and the
+CLI's own installation read-only, its workspace and configuration directory writable, and
+nothing of the suite, the results store or the project; its tools reach the trusted evaluator
+through the workspace's request folder. The network stays (the model endpoint).
 """
 
 from __future__ import annotations
@@ -19,13 +24,17 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from pydantic import BaseModel, Field
 
-from d2kbench.agents.proc import new_group_dying_with_parent
 from d2kbench.agents.backends.base import Backend, BackendError, Completion, ToolCall, Usage, parse_json_text
+from d2kbench.agents.workspace import load_config
+from d2kbench.sandbox import bwrap
+from d2kbench.sandbox.policy import agent_policy, installation_paths
+from d2kbench.sandbox.process import new_group_dying_with_parent
 
 #: Seconds between SIGTERM and SIGKILL of a session's process group.
 KILL_GRACE_S = 5.0
@@ -97,7 +106,7 @@ class StreamParser(abc.ABC):
         """True when the turn budget is used up and the last turn's tools have answered."""
         return False
 
-    def finish(self, res: SessionResult) -> None:
+    def finish(self, res: SessionResult) -> None:  # noqa: B027 - an optional hook, a no-op by default
         """Fill ``res`` once the process ended (reconcile with native session files)."""
 
 
@@ -124,9 +133,28 @@ def kill_group(proc: subprocess.Popen, grace_s: float = KILL_GRACE_S) -> None:
     proc.wait()
 
 
+def agent_sandbox(argv: list[str], *, cwd: Path, env: dict[str, str],
+                  config_dir: Path | None) -> tuple[list[str], dict[str, str]]:
+    """``(command, launcher environment)`` of an agent CLI session in its sandbox: ``cwd`` (the
+    workspace), ``config_dir`` and the workspace's request folder writable; the CLI's
+    installation and the runtime read-only; ``HOME`` is the configuration directory; the
+    network stays. Without a sandbox (loudly): ``argv`` and ``env`` unchanged."""
+    writable = [str(cwd)] + ([str(config_dir)] if config_dir else [])
+    try:
+        writable.append(load_config(cwd).run_dir)
+    except (FileNotFoundError, ValueError):
+        pass
+    inside = {**env, "HOME": str(config_dir or cwd)}
+    policy = agent_policy(workspace=Path(cwd), extra_ro=installation_paths(argv[0]), extra_rw=writable[1:],
+                          env=inside, share_net=True)
+    if not bwrap.status().active:
+        return list(argv), dict(env)
+    return bwrap.wrap(argv, policy, env)
+
+
 def run_cli(argv: list[str], *, cwd: Path, env: dict[str, str], prompt: str, parser: StreamParser,
             events_path: Path, timeout_s: float, budget_turns: int | None,
-            poll: Callable[[], None] | None = None) -> SessionResult:
+            poll: Callable[[], None] | None = None, config_dir: Path | None = None) -> SessionResult:
     """Run one CLI session to its end, its timeout or its turn budget.
 
     Args:
@@ -139,6 +167,7 @@ def run_cli(argv: list[str], *, cwd: Path, env: dict[str, str], prompt: str, par
         timeout_s: wall-clock limit in seconds.
         budget_turns: kill the session once the parser's turn count reaches it (None: no limit).
         poll: called every 0.2 s while the process runs (e.g. to tail a rollout file).
+        config_dir: the session's configuration directory (writable inside the sandbox).
 
     Returns:
         A :class:`SessionResult` (turns, usage, exit reason...).
@@ -153,7 +182,8 @@ def run_cli(argv: list[str], *, cwd: Path, env: dict[str, str], prompt: str, par
     t0 = time.monotonic()
     with open(prompt_file, "rb") as stdin, open(stderr_path, "wb") as stderr:
         try:
-            proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=stdin, stdout=subprocess.PIPE, stderr=stderr,
+            cmd, launch_env = agent_sandbox(argv, cwd=cwd, env=env, config_dir=config_dir)
+            proc = subprocess.Popen(cmd, cwd=cwd, env=launch_env, stdin=stdin, stdout=subprocess.PIPE, stderr=stderr,
                                     preexec_fn=new_group_dying_with_parent)
         except FileNotFoundError as e:
             raise BackendError(f"cannot start {argv[0]!r}: {e}", kind="config") from None

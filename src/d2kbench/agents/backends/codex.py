@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from d2kbench.agents.backends.base import ToolCall, Usage
 from d2kbench.agents.backends.cli import CliBackend, CliTurn, SessionResult, StreamParser, base_env, run_cli
@@ -260,7 +260,7 @@ class CodexBackend(CliBackend):
         parser = CodexParser(config_dir, on_turn=on_turn, on_event=on_event)
         res = run_cli(argv, cwd=Path(cwd), env=self.env(config_dir), prompt=prompt, parser=parser,
                       events_path=events_path, timeout_s=timeout_s or self.timeout_s, budget_turns=budget_turns,
-                      poll=parser.poll)
+                      poll=parser.poll, config_dir=config_dir)
         if last.is_file() and last.read_text().strip():
             res.text = last.read_text()
         return res

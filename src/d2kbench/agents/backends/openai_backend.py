@@ -12,9 +12,19 @@ import os
 from typing import Any
 
 from d2kbench.agents.backends.base import (
-    RETRY_STATUSES, Backend, BackendError, Completion, MalformedOutputError, Usage, make_tool_call,
-    parse_json_text, parse_retry_after, with_retries,
+    RETRY_STATUSES,
+    Backend,
+    BackendError,
+    Completion,
+    MalformedOutputError,
+    Usage,
+    make_tool_call,
+    parse_json_text,
+    parse_retry_after,
+    with_retries,
 )
+
+# Imports inside functions: the openai SDK (an optional extra) loads only when this backend runs.
 
 
 def _classify(e: BaseException):

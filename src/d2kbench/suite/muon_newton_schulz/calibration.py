@@ -11,7 +11,11 @@ from __future__ import annotations
 import torch
 
 from d2kbench.suite.muon_newton_schulz.reference import (
-    NORM_EPS, NORM_SCALE, NUM_STEPS, POLAR_EXPRESS_COEFFS, _polar_express,
+    NORM_EPS,
+    NORM_SCALE,
+    NUM_STEPS,
+    POLAR_EXPRESS_COEFFS,
+    _polar_express,
 )
 
 C = POLAR_EXPRESS_COEFFS

@@ -1,6 +1,6 @@
 """Muon orthogonalisation with Polar Express coefficients: inputs and PyTorch reference.
 
-The operator (SPEC.md section 2, paper Appendix B.1). For a batch of BF16 matrices
+The operator (paper Appendix B.1). For a batch of BF16 matrices
 ``G[b]`` of shape ``M x N``:
 
 1. If ``M > N`` the matrix is transposed, so that the iterate is always wide (rows <= cols).
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-#: Polar Express coefficients for 5 iterations (safety 2e-2, cushion 2), SPEC.md section 2.
+#: Polar Express coefficients for 5 iterations (safety 2e-2, cushion 2), paper Appendix B.1.
 POLAR_EXPRESS_COEFFS: tuple[tuple[float, float, float], ...] = (
     (8.156554524902461, -22.48329292557795, 15.878769915207462),
     (4.042929935166739, -2.808917465908714, 0.5000178451051316),

@@ -75,9 +75,6 @@ L3 -- exact division at multiply cost.
     stores) that removes the wave tail of short batches. All configs mask every store by
     tok < T and slot >= 0 and are idempotent, so benchmarking them on the live caches is
     harmless; a config that fails to compile or launch is timed as infinite and dropped.
-    Under the Triton CPU interpreter (whose fma is not fused and whose float32 -> e4m3 cast
-    drops the carry when rounding crosses a binade) the fmas are evaluated in float64 (the
-    residual is exact there too) and values are rounded onto the e4m3 grid in float32 first.
 """
 
 from __future__ import annotations
@@ -95,41 +92,18 @@ H200_SMS = 132
 
 
 @triton.jit
-def _round_to_e4m3_grid(y):
-    """Round fp32 ``y`` (|y| <= 448) to the nearest float8 e4m3fn value (ties to even), in fp32.
-
-    The e4m3 spacing at |y| in [2^e, 2^(e+1)) is 2^(e-3) (2^-9 in the subnormal range); adding
-    and subtracting 1.5 * 2^(k+23) rounds to a multiple of 2^k in fp32 arithmetic (RNE). The sign
-    is restored so that negative values that round to zero stay -0.
-    """
-    bits = y.to(tl.int32, bitcast=True)
-    e = ((bits >> 23) & 0xFF) - 127
-    k = tl.maximum(e, -6) - 3
-    magic = (((k + 150) << 23) | (1 << 22)).to(tl.float32, bitcast=True)
-    r = (y + magic) - magic
-    return (r.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _quantize(x, s, r, INTERPRET: tl.constexpr):
+def _quantize(x, s, r):
     """e4m3fn(clamp(RN(x / s), -448, 448)) as fp8e4nv; x fp32, s the fp32 scale, r = RN(1 / s).
 
     Exact IEEE quotient via one Markstein correction of the reciprocal product (module
     docstring, L3): 1 FMUL + 2 FMNMX + 2 FFMA per element instead of a div.rn.f32.
     """
     q0 = tl.minimum(tl.maximum(x * r, -448.0), 448.0)
-    if INTERPRET:
-        # the interpreter's fma is a separate multiply and add: evaluate in float64 (q0 * s is
-        # exact there and the residual is representable, so e is exact as on the GPU)
-        e = (q0.to(tl.float64) * s.to(tl.float64) - x.to(tl.float64)).to(tl.float32)
-        q1 = (q0.to(tl.float64) - e.to(tl.float64) * r.to(tl.float64)).to(tl.float32)
-        q1 = _round_to_e4m3_grid(tl.minimum(tl.maximum(q1, -448.0), 448.0))
-    else:
-        # negate as v * -1.0 (Triton's unary minus is 0.0 - v: a separate FADD, and +0 for
-        # v = +0); v * -1.0 is an exact IEEE negation that LLVM turns into fneg and ptxas
-        # folds into the FFMA operand
-        e = tl.fma(q0, s, x * -1.0)           # q0*s - x, exact
-        q1 = tl.fma(e * -1.0, r, q0)          # RN(x / s); -0 stays -0
+    # negate as v * -1.0 (Triton's unary minus is 0.0 - v: a separate FADD, and +0 for
+    # v = +0); v * -1.0 is an exact IEEE negation that LLVM turns into fneg and ptxas
+    # folds into the FFMA operand
+    e = tl.fma(q0, s, x * -1.0)           # q0*s - x, exact
+    q1 = tl.fma(e * -1.0, r, q0)          # RN(x / s); -0 stays -0
     # cvt.rn.satfinite.e4m3x2.f32: RNE, |q1| > 448 (incl. inf) saturates to +-448 = the clamp
     return q1.to(tl.float8e4nv)
 
@@ -140,7 +114,7 @@ def _store_kv_fp8_kernel(
     stride_kt, stride_vt,
     stride_kcp, stride_kcs, stride_vcp, stride_vcs,
     ROW: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, PAGE: tl.constexpr,
-    FLAT: tl.constexpr, EVEN_T: tl.constexpr, EVEN_C: tl.constexpr, INTERPRET: tl.constexpr,
+    FLAT: tl.constexpr, EVEN_T: tl.constexpr, EVEN_C: tl.constexpr,
 ):
     """Grid (cdiv(T, BLOCK_T), cdiv(ROW, BLOCK_C)): tokens [pid0 * BLOCK_T, +BLOCK_T) x row
     elements [pid1 * BLOCK_C, +BLOCK_C). Rows are contiguous in the sources and the caches."""
@@ -183,9 +157,9 @@ def _store_kv_fp8_kernel(
     else:
         smask = valid[:, None] & (cols < ROW)[None, :]
     tl.store(KC + k_dst[:, None] + cols[None, :],
-             _quantize(k.to(tl.float32), k_scale, k_rcp, INTERPRET), mask=smask)
+             _quantize(k.to(tl.float32), k_scale, k_rcp), mask=smask)
     tl.store(VC + v_dst[:, None] + cols[None, :],
-             _quantize(v.to(tl.float32), v_scale, v_rcp, INTERPRET), mask=smask)
+             _quantize(v.to(tl.float32), v_scale, v_rcp), mask=smask)
 
 
 @triton.jit
@@ -195,7 +169,6 @@ def _prefill_kernel(
     stride_kcp, stride_kcs, stride_vcp, stride_vcs,
     ROW: tl.constexpr, ROW_P2: tl.constexpr, PAGE: tl.constexpr, FLAT: tl.constexpr,
     TILE: tl.constexpr, PERSIST: tl.constexpr, BLOCK_T: tl.constexpr, EVEN_T: tl.constexpr,
-    INTERPRET: tl.constexpr,
 ):
     """Prefill path (whole rows, ``ROW_P2 <= TILE``): tiles of ``BLOCK_T = TILE // ROW_P2``
     tokens x the whole row. ``PERSIST == 0``: one tile per program (grid = #tiles).
@@ -230,7 +203,7 @@ def _prefill_kernel(
         v_rcp = tl.div_rn(1.0, v_scale)
         _store_tile(KC, VC, slot, k, v, cols, cmask, k_scale, v_scale, k_rcp, v_rcp,
                     stride_kcp, stride_kcs, stride_vcp, stride_vcs,
-                    ROW, ROW_P2, PAGE, FLAT, INTERPRET)
+                    ROW, ROW_P2, PAGE, FLAT)
     else:
         nprog = tl.num_programs(0)
         n_tiles = tl.cdiv(T, BLOCK_T)
@@ -246,7 +219,7 @@ def _prefill_kernel(
             nslot, nk, nv = _load_tile(K, V, SLOTS, T, ntoks, cols, cmask, stride_kt, stride_vt)
             _store_tile(KC, VC, slot, k, v, cols, cmask, k_scale, v_scale, k_rcp, v_rcp,
                         stride_kcp, stride_kcs, stride_vcp, stride_vcs,
-                        ROW, ROW_P2, PAGE, FLAT, INTERPRET)
+                        ROW, ROW_P2, PAGE, FLAT)
             slot = nslot
             k = nk
             v = nv
@@ -268,7 +241,7 @@ def _load_tile(K, V, SLOTS, T, toks, cols, cmask, stride_kt, stride_vt):
 def _store_tile(KC, VC, slot, k, v, cols, cmask, k_scale, v_scale, k_rcp, v_rcp,
                 stride_kcp, stride_kcs, stride_vcp, stride_vcs,
                 ROW: tl.constexpr, ROW_P2: tl.constexpr, PAGE: tl.constexpr,
-                FLAT: tl.constexpr, INTERPRET: tl.constexpr):
+                FLAT: tl.constexpr):
     """Quantise a loaded tile and store the rows of tokens with ``slot >= 0``."""
     valid = slot >= 0
     slot = tl.where(valid, slot, 0).to(tl.int64)
@@ -285,9 +258,9 @@ def _store_tile(KC, VC, slot, k, v, cols, cmask, k_scale, v_scale, k_rcp, v_rcp,
     else:
         smask = valid[:, None] & cmask[None, :]
     tl.store(KC + k_dst[:, None] + cols[None, :],
-             _quantize(k.to(tl.float32), k_scale, k_rcp, INTERPRET), mask=smask)
+             _quantize(k.to(tl.float32), k_scale, k_rcp), mask=smask)
     tl.store(VC + v_dst[:, None] + cols[None, :],
-             _quantize(v.to(tl.float32), v_scale, v_rcp, INTERPRET), mask=smask)
+             _quantize(v.to(tl.float32), v_scale, v_rcp), mask=smask)
 
 
 _PREFILL_HEUR = triton.heuristics({
@@ -388,10 +361,9 @@ def run(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_c
                 key_cache.stride(0), key_cache.stride(1), value_cache.stride(0), value_cache.stride(1))
         if _INTERPRET:
             _PREFILL_HEUR[grid](*args, ROW=row, ROW_P2=row_p2, PAGE=BS, FLAT=flat,
-                                INTERPRET=True, num_warps=4, **_INTERPRET_CONFIG)
+                                num_warps=4, **_INTERPRET_CONFIG)
         else:
-            _PREFILL_TUNED[grid](*args, ROW=row, ROW_P2=row_p2, PAGE=BS, FLAT=flat,
-                                 INTERPRET=False)
+            _PREFILL_TUNED[grid](*args, ROW=row, ROW_P2=row_p2, PAGE=BS, FLAT=flat)
         return None
     block_t, block_c, num_warps = _config(T, row)
     grid = (triton.cdiv(T, block_t), triton.cdiv(row, block_c))
@@ -400,7 +372,7 @@ def run(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_c
         key.stride(0), value.stride(0),
         key_cache.stride(0), key_cache.stride(1), value_cache.stride(0), value_cache.stride(1),
         ROW=row, BLOCK_T=block_t, BLOCK_C=block_c, PAGE=BS, FLAT=flat,
-        EVEN_T=(T % block_t == 0), EVEN_C=(row % block_c == 0), INTERPRET=_INTERPRET,
+        EVEN_T=(T % block_t == 0), EVEN_C=(row % block_c == 0),
         num_warps=num_warps,
     )
     return None

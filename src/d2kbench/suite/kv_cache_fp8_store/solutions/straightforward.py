@@ -8,33 +8,15 @@ float8_e4m3fn written in place, ``slot_mapping [T]`` int64, scales ``[1]`` float
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
-
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-@triton.jit
-def _exact_e4m3(y, INTERPRET: tl.constexpr):
-    """fp32 (|y| <= 448) -> fp8e4nv, round to nearest even. Under the CPU interpreter the cast
-    mis-rounds across binades, so values are first rounded onto the e4m3 grid in fp32."""
-    if INTERPRET:
-        bits = y.to(tl.int32, bitcast=True)
-        k = tl.maximum(((bits >> 23) & 0xFF) - 127, -6) - 3
-        magic = (((k + 150) << 23) | (1 << 22)).to(tl.float32, bitcast=True)
-        r = (y + magic) - magic
-        y = (r.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)
-    return y.to(tl.float8e4nv)
-
 
 @triton.jit
 def _store_kernel(K, V, KC, VC, SLOTS, KS, VS, D, PAGE,
                   stride_kt, stride_kh, stride_vt, stride_vh,
                   stride_kcp, stride_kcs, stride_kch, stride_vcp, stride_vcs, stride_vch,
-                  BLOCK_D: tl.constexpr, INTERPRET: tl.constexpr):
+                  BLOCK_D: tl.constexpr):
     """Grid (T, Hkv)."""
     # IEEE division (tl.div_rn): fp32 `/` compiles to the approximate div.full.f32 on the GPU and
     # the cache check is bit-exact.
@@ -47,10 +29,10 @@ def _store_kernel(K, V, KC, VC, SLOTS, KS, VS, D, PAGE,
     mask = (d < D) & (slot >= 0)
     k = tl.load(K + t * stride_kt + h * stride_kh + d, mask=mask, other=0.0).to(tl.float32)
     k = tl.minimum(tl.maximum(tl.div_rn(k, tl.load(KS)), -448.0), 448.0)
-    tl.store(KC + page * stride_kcp + pos * stride_kcs + h * stride_kch + d, _exact_e4m3(k, INTERPRET), mask=mask)
+    tl.store(KC + page * stride_kcp + pos * stride_kcs + h * stride_kch + d, k.to(tl.float8e4nv), mask=mask)
     v = tl.load(V + t * stride_vt + h * stride_vh + d, mask=mask, other=0.0).to(tl.float32)
     v = tl.minimum(tl.maximum(tl.div_rn(v, tl.load(VS)), -448.0), 448.0)
-    tl.store(VC + page * stride_vcp + pos * stride_vcs + h * stride_vch + d, _exact_e4m3(v, INTERPRET), mask=mask)
+    tl.store(VC + page * stride_vcp + pos * stride_vcs + h * stride_vch + d, v.to(tl.float8e4nv), mask=mask)
 
 
 def run(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -64,5 +46,5 @@ def run(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_c
                             key.stride(0), key.stride(1), value.stride(0), value.stride(1),
                             key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
                             value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-                            BLOCK_D=triton.next_power_of_2(D), INTERPRET=_INTERPRET, num_warps=4)
+                            BLOCK_D=triton.next_power_of_2(D), num_warps=4)
     return None

@@ -32,9 +32,8 @@ L3 -- layout and bit-exact scales.
     is needed.  The scale is a correctly rounded division (``div_rn``) so that the UE8M0
     rounding ``(bits + 0x7FFFFF) & 0x7F800000`` (round up to a power of two on the bits, no
     log2/exp2) sees exactly the same value as the specification; the reciprocal of a power of
-    two is exact.  The FP8 conversion is the hardware's round-to-nearest-even after an
-    explicit clamp; under the CPU interpreter (whose FP8 conversion does not round
-    correctly) an exact integer emulation produces the same codes.  Row offsets are int64;
+    two is exact.  The FP8 conversion is the hardware's round-to-nearest-even
+    (``cvt.rn.satfinite``) after an explicit clamp.  Row offsets are int64;
     masks only on ragged edges.  The padding rows of the TMA-aligned scale buffer are never
     written.
 """
@@ -55,22 +54,9 @@ EPS = tl.constexpr(1e-10)
 
 
 @triton.jit
-def _e4m3_code(y):
-    """Exact round-to-nearest-even FP32 -> float8_e4m3fn code (int32 in 0..255) for
-    ``|y| <= 448`` (the interpreter's own conversion does not round correctly)."""
-    b = y.to(tl.int32, bitcast=True)
-    sign = (b >> 24) & 0x80
-    a = b & 0x7FFFFFFF
-    ay = a.to(tl.float32, bitcast=True)
-    sub = ((ay * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)   # subnormal range: units of 2^-9
-    norm = ((a + 0x7FFFF + ((a >> 20) & 1)) >> 20) - 960        # RNE to 3 mantissa bits, rebias 127 -> 7
-    return tl.where(ay < 0.015625, sub, norm) | sign
-
-
-@triton.jit
 def _group_quant_kernel(x_ptr, q_ptr, s_ptr, M, G, stride_xm, stride_qm, s_stride_m, s_stride_g,
                         GS: tl.constexpr, BM: tl.constexpr, GPP: tl.constexpr,
-                        UE8M0: tl.constexpr, SOFT_FP8: tl.constexpr):
+                        UE8M0: tl.constexpr):
     """One program quantises rows [pid_m*BM, +BM) x groups [pid_g*GPP, +GPP)."""
     pid_m = tl.program_id(0)
     pid_g = tl.program_id(1)
@@ -89,10 +75,7 @@ def _group_quant_kernel(x_ptr, q_ptr, s_ptr, M, G, stride_xm, stride_qm, s_strid
     inv = tl.div_rn(1.0, s)
     y = tl.minimum(tl.maximum(x * inv[:, :, None], -FP8_MAX), FP8_MAX)
     q_ptrs = q_ptr + rows64[:, None, None] * stride_qm + goff
-    if SOFT_FP8:
-        tl.store(q_ptrs, _e4m3_code(y).to(tl.uint8), mask=m3)
-    else:
-        tl.store(q_ptrs, y.to(tl.float8e4nv), mask=m3)
+    tl.store(q_ptrs, y.to(tl.float8e4nv), mask=m3)
     tl.store(s_ptr + rows64[:, None] * s_stride_m + grp[None, :] * s_stride_g, s, mask=m2)
 
 
@@ -129,8 +112,6 @@ def quantize(x: torch.Tensor, group_size: int, column_major_scales: bool, scale_
     else:
         s = torch.empty((M, G), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(M, bm), triton.cdiv(G, gpp))
-    qv = q.view(torch.uint8) if _INTERPRET else q
-    _group_quant_kernel[grid](x, qv, s, M, G, x.stride(0), q.stride(0), s.stride(0), s.stride(1),
-                              GS=group_size, BM=bm, GPP=gpp, UE8M0=bool(scale_ue8m0),
-                              SOFT_FP8=_INTERPRET, num_warps=warps)
+    _group_quant_kernel[grid](x, q, s, M, G, x.stride(0), q.stride(0), s.stride(0), s.stride(1),
+                              GS=group_size, BM=bm, GPP=gpp, UE8M0=bool(scale_ue8m0), num_warps=warps)
     return q, s

@@ -19,20 +19,8 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
-def _e4m3_code(y):
-    """Exact RNE FP32 -> e4m3fn code for |y| <= 448 (the CPU interpreter's cast is inexact)."""
-    b = y.to(tl.int32, bitcast=True)
-    sign = (b >> 24) & 0x80
-    a = b & 0x7FFFFFFF
-    ay = a.to(tl.float32, bitcast=True)
-    sub = ((ay * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)
-    norm = ((a + 0x7FFFF + ((a >> 20) & 1)) >> 20) - 960
-    return tl.where(ay < 0.015625, sub, norm) | sign
-
-
-@triton.jit
 def _quant_one_group(x_ptr, q_ptr, s_ptr, G, stride_xm, stride_qm, s_stride_m, s_stride_g,
-                     GS: tl.constexpr, UE8M0: tl.constexpr, SOFT_FP8: tl.constexpr):
+                     GS: tl.constexpr, UE8M0: tl.constexpr):
     """Program (row, group): quantise one group of GS elements."""
     pid = tl.program_id(0)
     row = (pid // G).to(tl.int64)
@@ -44,10 +32,7 @@ def _quant_one_group(x_ptr, q_ptr, s_ptr, G, stride_xm, stride_qm, s_stride_m, s
     if UE8M0:
         s = ((s.to(tl.int32, bitcast=True) + 0x7FFFFF) & 0x7F800000).to(tl.float32, bitcast=True)
     y = tl.minimum(tl.maximum(tl.div_rn(x, s), -448.0), 448.0)
-    if SOFT_FP8:
-        tl.store(q_ptr + row * stride_qm + col, _e4m3_code(y).to(tl.uint8))
-    else:
-        tl.store(q_ptr + row * stride_qm + col, y.to(tl.float8e4nv))
+    tl.store(q_ptr + row * stride_qm + col, y.to(tl.float8e4nv))
     tl.store(s_ptr + row * s_stride_m + g * s_stride_g, s)
 
 
@@ -61,8 +46,6 @@ def run(x: torch.Tensor, group_size: int, column_major_scales: bool, scale_ue8m0
         s = torch.empty((G, (M + 3) // 4 * 4), dtype=torch.float32, device=x.device)[:, :M].T
     else:
         s = torch.empty((M, G), dtype=torch.float32, device=x.device)
-    qv = q.view(torch.uint8) if _INTERPRET else q
-    _quant_one_group[(M * G,)](x, qv, s, G, x.stride(0), q.stride(0), s.stride(0), s.stride(1),
-                               GS=group_size, UE8M0=bool(scale_ue8m0), SOFT_FP8=_INTERPRET,
-                               num_warps=1 if _INTERPRET else 2)
+    _quant_one_group[(M * G,)](x, q, s, G, x.stride(0), q.stride(0), s.stride(0), s.stride(1),
+                               GS=group_size, UE8M0=bool(scale_ue8m0), num_warps=1 if _INTERPRET else 2)
     return q, s

@@ -1,0 +1,193 @@
+"""One harness evaluation per shipped solution (reference, straightforward, expert) of every
+task, shared by the tests that assert on it.
+
+The Triton interpreter needs seconds per call on the CPU, and several test files assert on the
+same solutions: ``test_integrity_fp.py`` (no integrity defence flags a shipped solution) and the
+task files (expert and straightforward pass every check on the smoke workloads that exercise
+their code paths). Each (task, solution) is evaluated once per test session, on the union of the
+smoke workloads those tests need, with every integrity defence on; every test then asserts on
+that one real evaluation.
+
+With ``pytest -n 2 --dist loadfile`` the test files run in different worker processes, so the
+evaluations are kept as JSON files in a folder of the session shared by its workers (the parent
+of the workers' base temp folders, as pytest-xdist documents it); a file lock per evaluation
+makes a second worker wait for the first one's answer instead of evaluating again. Nothing is
+reused across sessions: each session evaluates afresh.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from pathlib import Path
+
+from d2kbench.harness.evaluate import Options, evaluate
+from d2kbench.integrity.parent import external_edit_only
+from d2kbench.results import Evaluation, WorkloadResult
+from d2kbench.tasks import list_tasks, load_task
+
+#: Every (task, solution) the suite ships, in the registry's order.
+SOLUTIONS = [(t, name) for t in list_tasks() for name in load_task(t).solutions()]
+
+#: Every smoke workload per solution instead of the sample below (do that before a release).
+ALL_SMOKE = os.environ.get("D2K_FP_ALL_SMOKE") == "1"
+
+#: Smoke workloads the task test files assert on, beyond the first timed smoke workload that every
+#: Triton solution runs (the expert's second code path, edge cases, correctness-only workloads).
+#: A task file asking for a workload missing here fails and names this table.
+ASSERTED: dict[tuple[str, str], list[str]] = {
+    # tests/test_task_attention.py
+    ("gqa_flash_prefill", "expert"): ["smoke_b1_s64_h3x1_d16", "smoke_peaky_b1_s40_h2x2_d64"],
+    ("gqa_flash_prefill", "straightforward"): ["smoke_b1_s64_h3x1_d16"],
+    ("paged_decode_gqa", "expert"): ["smoke_b6_h6x1_d16_bs24_edge", "smoke_b4_h4x2_d32_bs16"],
+    ("paged_decode_gqa", "straightforward"): ["smoke_b6_h6x1_d16_bs24_edge"],
+    ("kv_cache_fp8_store", "expert"): ["smoke_t5_h1x64_bs24_decode", "smoke_t8_all_padding"],
+    ("kv_cache_fp8_store", "straightforward"): ["smoke_t5_h1x64_bs24_decode"],
+    # tests/test_task_decode.py
+    ("flash_decode_splitkv", "expert"): ["smoke_b2_h4x1_d16_l256", "smoke_b3_h8x2_d64_l32_onechunk"],
+    ("flash_decode_splitkv", "straightforward"): ["smoke_b2_h4x1_d16_l256"],
+    ("mla_decode_absorbed", "expert"): ["smoke_edge_b5_h16_p16", "smoke_b2_h80_two_blocks"],
+    ("mla_decode_absorbed", "straightforward"): ["smoke_edge_b5_h16_p16"],
+    ("cascade_prefix_decode", "expert"): ["smoke_edge_n8_h6x1_d16_p21", "smoke_short_prefix_n4_h4x1_d16_p5"],
+    ("cascade_prefix_decode", "straightforward"): ["smoke_edge_n8_h6x1_d16_p21"],
+    # tests/test_task_quant.py
+    ("w8a8_block_fp8_matmul", "expert"): ["smoke_m37_n200_k384_spread", "smoke_m130_n320_k256"],
+    ("w8a8_block_fp8_matmul", "straightforward"): ["smoke_m37_n200_k384_spread"],
+    ("w4a16_gemm", "expert"): ["smoke_m5_n136_k256_extreme", "smoke_m130_n264_k384"],
+    ("w4a16_gemm", "straightforward"): ["smoke_m5_n136_k256_extreme"],
+    ("fused_add_rmsnorm_fp8_quant", "expert"): ["smoke_t7_h384_col", "smoke_t6_h512_magnitudes"],
+    ("fused_add_rmsnorm_fp8_quant", "straightforward"): ["smoke_t7_h384_col"],
+    # tests/test_task_moe.py (expert and straightforward on both)
+    **{(t, s): w for t, w in {
+        "moe_align_block_size": ["smoke_t5_k2_e4_b4", "smoke_t400_k3_e24_b8_skewed"],
+        "per_token_group_quant_fp8": ["smoke_m37_k256_col", "smoke_m9_k1024_col_ue8m0_outliers"],
+        "fused_moe_bf16": ["smoke_t1_h64_i48_e8_k4", "smoke_t80_h32_i48_e2_k1"],
+        # tests/test_task_moe_routing_fp8.py
+        "moe_grouped_topk": ["smoke_t33_e64_g8_k8_ties", "smoke_t5_e48_g1_k6"],
+        "fused_moe_fp8_block": ["smoke_t3_h128_i128_e2_k2", "smoke_t50_h128_i128_e2_k1"],
+    }.items() for s in ("expert", "straightforward")},
+    # tests/test_task_fused_linear_cross_entropy.py: the correctness-only workload (two chunks)
+    ("fused_linear_cross_entropy", "expert"): ["smoke_bt40_h32_v700_large_logits"],
+    ("fused_linear_cross_entropy", "straightforward"): ["smoke_bt40_h32_v700_large_logits"],
+    # tests/test_task_fused_qkv_norm_rope_cache.py
+    ("fused_qkv_norm_rope_cache", "expert"): ["smoke_t20_h2x2_d16_zero_padding"],
+    ("fused_qkv_norm_rope_cache", "straightforward"): ["smoke_t6_h4x2_d32_decode"],
+    # tests/test_task_gated_deltanet_chunk_prefill.py
+    ("gated_deltanet_chunk_prefill", "expert"): ["smoke_varlen_n3_h2x4_d32", "smoke_edge_strong_decay_n4"],
+    ("gated_deltanet_chunk_prefill", "straightforward"): ["smoke_edge_strong_decay_n4"],
+    # tests/test_task_mamba2_ssd_chunk_scan.py
+    ("mamba2_ssd_chunk_scan", "expert"): ["smoke_varlen_n3_h4_g2_q64", "smoke_edge_extreme_dt_n4"],
+    ("mamba2_ssd_chunk_scan", "straightforward"): ["smoke_edge_extreme_dt_n4"],
+    # tests/test_task_sliding_window_prefill.py (the sink workloads: checked directly there)
+    ("sliding_window_prefill", "expert"): ["smoke_b1_s50_h3x1_d16_w64_softcap"],
+    ("sliding_window_prefill", "straightforward"): ["smoke_b1_s40_h2x2_d64_w1_sinks"],
+    # tests/test_task_varlen_flash_prefill.py
+    ("varlen_flash_prefill", "expert"): ["smoke_t160_n9_h3x1_d16_edge"],
+    ("varlen_flash_prefill", "straightforward"): ["smoke_t126_n6_h2x1_d16_ladder"],
+}
+
+
+def workload_ids(task_id: str, solution: str) -> list[str]:
+    """The smoke workloads of one shipped solution's shared evaluation, in the task's order.
+
+    The reference (trusted, fast) runs on every smoke workload; a Triton solution on its first
+    timed smoke workload plus the ones in :data:`ASSERTED` (every smoke workload with
+    ``D2K_FP_ALL_SMOKE=1``).
+
+    Raises:
+        ValueError: a workload of :data:`ASSERTED` that the task does not have.
+    """
+    wls = list(load_task(task_id).spec.smoke_workloads)
+    known = {w.id for w in wls}
+    wanted = set(ASSERTED.get((task_id, solution), []))
+    if wanted - known:
+        raise ValueError(f"tests/shipped.py ASSERTED: {task_id} has no smoke workload {sorted(wanted - known)}")
+    if ALL_SMOKE or solution == "reference":
+        return [w.id for w in wls]
+    first = [w for w in wls if not w.correctness_only][:1] or wls[:1]
+    wanted.add(first[0].id)
+    return [w.id for w in wls if w.id in wanted]
+
+
+def options(solution: str) -> Options:
+    """The options of a shared evaluation (every integrity defence on in both cases).
+
+    The reference is trusted (no worker monitors): one correctness call per workload shows it is
+    not flagged. A Triton solution gets the full protocol: two correctness calls on fresh inputs,
+    the sensitivity call, one CPU timing sample and the re-check of the timed outputs.
+    """
+    if solution == "reference":
+        return Options(timeout_s=300, check_calls=1, time_solutions=False)
+    return Options(timeout_s=300, check_calls=2, cpu_samples=1)
+
+
+def _evaluate(task_id: str, solution: str) -> Evaluation:
+    task = load_task(task_id)
+    wls = [task.spec.workload(w) for w in workload_ids(task_id, solution)]
+    ev = evaluate(task, solution, wls, "cpu", None, options=options(solution))
+    if external_edit_only(ev):  # someone edited the shared working tree during the run: once more
+        ev = evaluate(task, solution, wls, "cpu", None, options=options(solution))
+    return ev
+
+
+class ShippedEvaluations:
+    """The shared evaluations of one test session, kept as files under ``root``.
+
+    ``get(task_id, solution)`` evaluates on the first request in the session (any worker) and
+    answers from the file afterwards; a request while another worker evaluates the same solution
+    waits for that worker's answer. ``waited_s`` and ``evaluated`` say what this process did.
+    """
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._memo: dict[tuple[str, str], Evaluation] = {}
+        self.evaluated: list[tuple[str, str, float]] = []
+        self.waited_s = 0.0
+
+    def get(self, task_id: str, solution: str) -> Evaluation:
+        """The session's evaluation of ``solution`` (``reference``, ``straightforward`` or
+        ``expert``) of ``task_id`` on :func:`workload_ids` with :func:`options`.
+
+        Raises:
+            RuntimeError: the evaluation raised (in whichever worker ran it); the message
+                carries that exception.
+        """
+        key = (task_id, solution)
+        if key in self._memo:
+            return self._memo[key]
+        out, err = self.root / f"{task_id}.{solution}.json", self.root / f"{task_id}.{solution}.error"
+        t0 = time.perf_counter()
+        with open(self.root / f"{task_id}.{solution}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)   # held while evaluating; others wait here
+            self.waited_s += time.perf_counter() - t0
+            if not out.exists() and not err.exists():
+                t1 = time.perf_counter()
+                try:
+                    text = _evaluate(task_id, solution).model_dump_json()
+                except Exception as e:  # noqa: BLE001 - every test of this solution reports it
+                    err.write_text(f"{type(e).__name__}: {e}")
+                else:
+                    tmp = out.with_suffix(".tmp")
+                    tmp.write_text(text)
+                    os.replace(tmp, out)
+                self.evaluated.append((task_id, solution, time.perf_counter() - t1))
+        if err.exists():
+            raise RuntimeError(f"the harness raised evaluating {task_id}/{solution}: {err.read_text()}")
+        ev = Evaluation.model_validate_json(out.read_text())
+        self._memo[key] = ev
+        return ev
+
+    def results(self, task_id: str, solution: str, workloads: list[str]) -> list[WorkloadResult]:
+        """The shared evaluation's results on ``workloads`` (each must be in :data:`ASSERTED`).
+
+        Raises:
+            KeyError: a workload the shared evaluation did not run (add it to :data:`ASSERTED`).
+        """
+        by_id = {r.workload: r for r in self.get(task_id, solution).candidate.results}
+        missing = [w for w in workloads if w not in by_id]
+        if missing:
+            raise KeyError(f"{task_id}/{solution}: the shared evaluation did not run {missing}: "
+                           "add them to ASSERTED in tests/shipped.py")
+        return [by_id[w] for w in workloads]

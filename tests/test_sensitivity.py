@@ -1,0 +1,130 @@
+"""The sensitivity call (``integrity.parent.sensitivity_check``) on real task code: which
+answers pass it and which must fail it.
+
+The call's inputs equal the previous call's except a secret change grown until the reference
+output moves beyond ``SENSITIVITY_STRENGTH`` x a tolerance; its answer is checked with
+tolerances ``SENSITIVITY_SLACK`` x wider, because one element at up to 8x an argument's largest
+magnitude lies off the workload's distribution.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from d2kbench.checking.inputs import make_args
+from d2kbench.checking.verdict import Checker
+from d2kbench.integrity import parent
+from d2kbench.tasks import load_task
+from d2kbench.tasks.schema import Tolerance
+
+TASK = "muon_newton_schulz"
+
+
+@pytest.fixture(scope="module")
+def setup():
+    task = load_task(TASK)
+    ref = task.reference_module()
+    wl = task.spec.smoke_workloads[0]
+    pristine = make_args(ref, task.spec, wl, 7, "cpu")
+    checker = Checker(task, ref, wl)
+    outputs = [ref.run(*[a.clone() if isinstance(a, torch.Tensor) else a for a in pristine])]
+    return task, ref, wl, pristine, checker, outputs
+
+
+def _reply(out: torch.Tensor) -> dict:
+    return {"outputs": [out], "types": ["torch.Tensor"], "subclass": [False], "container": "Tensor",
+            "aliases": []}
+
+
+def _with_rel_error(x: torch.Tensor, rel: float, seed: int = 0) -> torch.Tensor:
+    """``x`` plus noise whose Frobenius norm is ``rel`` x that of each [M, N] matrix of ``x``."""
+    g = torch.Generator().manual_seed(seed)
+    noise = torch.randn(x.shape, generator=g, dtype=torch.float64)
+    xd = x.double()
+    scale = xd.flatten(1).norm(dim=1) / noise.flatten(1).norm(dim=1)
+    return (xd + noise * (rel * scale).view(-1, 1, 1)).to(x.dtype)
+
+
+def _oracle_tol(wl, task) -> float:
+    (tol,) = [t for t in wl.checks_for("out", task.spec.outputs[0].checks) if t.against == "oracle"]
+    return tol.max
+
+
+def test_widened_tolerances():
+    t = Tolerance(metric="rel_fro", max=1e-3, rationale="r")
+    assert t.widened(2).max == pytest.approx(2e-3) and t.widened(1) is t
+    a = Tolerance(metric="allclose", atol=1e-2, rtol=1e-3, max_mismatch=0.6, rationale="r").widened(2)
+    assert (a.atol, a.rtol, a.max_mismatch) == (pytest.approx(2e-2), pytest.approx(2e-3), 1.0)
+    assert Tolerance(metric="ulp", max=1, max_mismatch=1e-3, rationale="r").widened(2.5).max == 3.0
+    exact = Tolerance(metric="exact", rationale="r")
+    assert exact.widened(4) is exact
+    with pytest.raises(ValueError, match="only widened"):
+        t.widened(0.5)
+
+
+def test_an_honest_answer_off_the_distribution_passes(setup):
+    """An answer 1.5x the oracle tolerance away from the FP64 value on the changed inputs (it
+    would fail a correctness call) passes: the call's tolerances are twice as wide."""
+    task, ref, wl, pristine, checker, outputs = setup
+    tol = _oracle_tol(wl, task)
+
+    def request(args):
+        return _reply(_with_rel_error(ref.oracle(*args).to(outputs[0].dtype), 1.5 * tol))
+
+    results, violations = parent.sensitivity_check(request, checker, pristine, outputs)
+    assert violations == []
+    assert all(r.passed for r in results), [r for r in results if not r.passed]
+    assert any(r.name == "sensitivity:out:oracle:rel_fro" and r.threshold == pytest.approx(2 * tol) for r in results)
+
+
+def test_the_previous_output_is_stale(setup):
+    task, ref, wl, pristine, checker, outputs = setup
+    results, violations = parent.sensitivity_check(lambda args: _reply(outputs[0].clone()), checker, pristine, outputs)
+    assert [v.rule for v in violations] == ["stale_output"]
+    assert "beyond 4x its tolerance" in violations[0].evidence
+    assert not [r for r in results if r.name == "sensitivity"][0].passed
+
+
+def test_the_previous_output_with_noise_fails_the_widened_checks(setup):
+    """Not bit-identical (no stale_output), but the reference moved beyond 4x the tolerance, so
+    the old answer with noise of 0.5x the tolerance is beyond 2x and fails."""
+    task, ref, wl, pristine, checker, outputs = setup
+    tol = _oracle_tol(wl, task)
+    results, violations = parent.sensitivity_check(
+        lambda args: _reply(_with_rel_error(outputs[0], 0.5 * tol, seed=3)), checker, pristine, outputs)
+    assert violations == []
+    failed = [r for r in results if not r.passed]
+    assert failed and failed[0].name.startswith("sensitivity:out:") and failed[0].error > 2 * tol
+
+
+def test_runs_of_elements_where_one_cannot_move_the_reference(setup, monkeypatch):
+    """A change too small to move the reference grows into a run of consecutive elements."""
+    task, ref, wl, pristine, checker, outputs = setup
+    monkeypatch.setattr(parent, "SENSITIVITY_FACTORS", (1e-4,))
+    monkeypatch.setattr(parent, "SENSITIVITY_RUNS", (64,))
+    results, violations = parent.sensitivity_check(lambda args: _reply(outputs[0].clone()), checker, pristine, outputs)
+    assert "and the next 63 elements" in violations[0].evidence
+
+
+def test_no_judgement_when_nothing_moves_the_reference_far_enough(setup, monkeypatch):
+    """When no change moves the reference beyond the strength, a bit-identical output cannot be
+    told from a correct one (a product rounded away): nothing is flagged and the check says so."""
+    task, ref, wl, pristine, checker, outputs = setup
+    monkeypatch.setattr(parent, "SENSITIVITY_STRENGTH", 1e9)
+    calls = []
+    results, violations = parent.sensitivity_check(lambda args: calls.append(1) or _reply(outputs[0].clone()),
+                                                   checker, pristine, outputs)
+    assert violations == [] and calls == []
+    (r,) = results
+    assert r.passed and "skipped" in r.detail and "beyond 1e+09x" in r.detail
+
+
+def test_rejected_changes_release_their_inputs(setup, monkeypatch):
+    """Each rejected change is forgotten by the checker: at most the pristine inputs and the
+    chosen change stay cached (ten copies of a MoE layer's weights would not fit on the GPU)."""
+    task, ref, wl, pristine, checker, outputs = setup
+    monkeypatch.setattr(parent, "SENSITIVITY_STRENGTH", 1e9)
+    checker = Checker(task, ref, wl)
+    parent.sensitivity_check(lambda args: _reply(outputs[0].clone()), checker, pristine, outputs)
+    assert [args is pristine for args, _ in checker._cache.values()] == [True]
