@@ -20,4 +20,10 @@ for pkg in "${pkgs[@]}"; do
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     "${plat[@]}" -d .whl "$pkg"
 done
+# The pure-Python/Triton packages of the task alternatives that run on the GPU (fla-core for
+# gated_deltanet_chunk_prefill, liger-kernel for fused_linear_cross_entropy); ~2 MB together.
+for pkg in fla-core einops liger-kernel; do
+  python3 -m pip download -q --no-deps --only-binary=:all: -d .whl "$pkg" \
+    || echo "device-wheels: $pkg not available here; its alternative reports the missing package" >&2
+done
 ls -1 .whl

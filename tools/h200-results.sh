@@ -40,7 +40,7 @@ for part in "$@"; do
       python3 devtools/sandbox_probe.py --bwrap "${D2K_BWRAP:-bwrap}" --out "$OUT/sandbox/sandbox_probe.json" | tail -n 12
       python3 devtools/sandbox_startup.py --device cuda --n 5 --out "$OUT/sandbox" | tail -n 8 ;;
     evil)
-      timeout 200 python3 -m d2kbench.cli evil --device cuda --jobs 6 --json "$OUT/evil.json" --markdown "$OUT/evil.md" > /tmp/evil.log 2>&1; echo "evil rc=$?"; tail -n 60 "$OUT/evil.md" ;;
+      timeout 300 python3 -m d2kbench.cli evil --device cuda --jobs 8 --json "$OUT/evil.json" --markdown "$OUT/evil.md" > /tmp/evil.log 2>&1; echo "evil rc=$?"; tail -n 60 "$OUT/evil.md" ;;
     evil_graph)
       timeout 120 python3 -m d2kbench.cli evil --device cuda -k graph_probe --json "$OUT/evil_graph.json" --markdown "$OUT/evil_graph.md" > /tmp/evil_graph.log 2>&1; echo "evil_graph rc=$?"; tail -n 8 "$OUT/evil_graph.md" ;;
     tasks)

@@ -77,7 +77,6 @@ def run(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tab
     G, MAXB = Hq // Hkv, block_tables.shape[1]
     P = int(common_prefix_len) // BS * BS                  # the physically shared tokens (S0)
     rows = q.view(N, Hkv, G, D)
-    neg = torch.tensor(float("-inf"), device=q.device)
     parts = []                                            # (o [N, Hkv, G, D] fp32, lse [N, Hkv, G] fp32)
     if P > 0:
         pages = block_tables[0, :P // BS].long()
@@ -100,7 +99,7 @@ def run(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tab
         bias.masked_fill_(~valid[:, None, None, :], float("-inf"))
         o_s, lse_s = _efficient(rows, ks, vs, bias.expand(N, Hkv, G, window), scale)
         empty = (seq_lens <= P)[:, None, None]                                  # no suffix token
-        parts.append((torch.where(empty[..., None], 0.0, o_s.float()), torch.where(empty, neg, lse_s.float())))
+        parts.append((torch.where(empty[..., None], 0.0, o_s.float()), torch.where(empty, float("-inf"), lse_s.float())))
     m = parts[0][1] if len(parts) == 1 else torch.maximum(parts[0][1], parts[1][1])
     num = torch.zeros((N, Hkv, G, D), device=q.device, dtype=torch.float32)
     den = torch.zeros((N, Hkv, G), device=q.device, dtype=torch.float32)
