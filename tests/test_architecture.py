@@ -20,7 +20,7 @@ PKG = ROOT / "src" / "d2kbench"
 #: Floors of docs/architecture.md, bottom (0) to top. A module may import modules of its own
 #: package or of a lower floor. ``d2kbench`` is the package's ``__init__`` (its version).
 FLOORS = {
-    "d2kbench": 0, "tasks": 0, "results": 0, "phases": 0, "terminal": 0,
+    "d2kbench": 0, "tasks": 0, "results": 0, "phases": 0, "terminal": 0, "machine": 0,
     "scoring": 1, "store": 1, "sandbox": 1,
     "checking": 2,
     "integrity": 3,

@@ -9,6 +9,7 @@ from d2kbench.harness.benchmark import benchmark
 from d2kbench.harness.evaluate import Options
 from d2kbench.report.benchmark import Bar, to_markdown
 from d2kbench.results import Status
+from d2kbench.store import Store
 
 
 def test_bar_parse():
@@ -17,10 +18,14 @@ def test_bar_parse():
         Bar.parse("expert faster than reference")
 
 
-def test_benchmark_interleaves_solutions_and_checks_bars(muon):
+def test_benchmark_interleaves_solutions_and_checks_bars(muon, tmp_path):
     wls = [muon.spec.workload("smoke_tall_1x64x48")]
-    res = benchmark(muon, ["straightforward", str(SOLUTIONS / "muon" / "wrong_values.py")], wls, "cpu", "reference",
-                    options=Options(timeout_s=60, integrity=False))
+    with Store(tmp_path / "d2k.sqlite") as store:
+        res = benchmark(muon, ["straightforward", str(SOLUTIONS / "muon" / "wrong_values.py")], wls, "cpu", "reference",
+                        store=store, options=Options(timeout_s=60, integrity=False))
+        # the bench's evaluation is closed in the store (reports use complete evaluations only)
+        assert store.evaluation_states() == {res.id: "complete"}
+        assert len(store.rows(None, None, 10)) == 3
     sf, bad, ref = (res.run(s) for s in ["straightforward", str(SOLUTIONS / "muon" / "wrong_values.py"), "reference"])
     assert sf.results[0].status is Status.OK and ref.results[0].status is Status.OK
     assert bad.results[0].status is Status.INCORRECT

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import rich.errors
+from conftest import SOLUTIONS
 from rich.console import Console
 from typer.testing import CliRunner
 
 from d2kbench.cli import app
+from d2kbench.store import Store
 from d2kbench.terminal import print_error
 
 runner = CliRunner()
@@ -111,3 +118,34 @@ def test_errors_print_brackets_as_written():
     leftover = [f"{p.relative_to(src)}:{i + 1}" for p in src.rglob("*.py")
                 for i, line in enumerate(p.read_text().splitlines()) if 'print(f"[red]{' in line]
     assert leftover == []
+
+
+def test_sigterm_records_the_evaluation_interrupted_and_ends_by_sigterm(tmp_path):
+    # a timeout wrapper sends SIGTERM: the store must not keep the evaluation "running" forever,
+    # no worker may outlive d2k, and the exit status still says SIGTERM (campaign executors read it)
+    store = tmp_path / "d2k.sqlite"
+    proc = subprocess.Popen([sys.executable, "-m", "d2kbench.cli", "eval", "muon_newton_schulz",
+                             str(SOLUTIONS / "muon" / "hang.py"), "--device", "cpu", "--baseline", "none",
+                             "--store", str(store)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, "TRITON_INTERPRET": "1"})
+    deadline = time.monotonic() + 120
+    workers: list[int] = []
+    while time.monotonic() < deadline and not workers:  # the worker is in the hanging call
+        time.sleep(0.5)
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                                  text=True).stdout.split()]
+        if workers and store.exists():
+            with Store(store) as s:
+                if not s.evaluation_states():
+                    workers = []
+        else:
+            workers = []
+    assert workers, "the evaluation never reached its worker"
+    time.sleep(2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == -signal.SIGTERM
+    with Store(store) as s:  # the status written by d2k itself (evaluation_states() would infer it from the dead pid)
+        assert [r[0] for r in s.conn.execute("SELECT status FROM evaluations")] == ["interrupted"]
+    for pid in workers:
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()

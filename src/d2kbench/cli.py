@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import json
+import os
+import signal
 import sqlite3
+import threading
 from pathlib import Path
 from typing import NoReturn, Optional
 
@@ -24,6 +28,23 @@ from d2kbench.terminal import print_error
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="D2K-Bench: evaluate Triton kernels written from expert designs.")
 console = Console()
+
+
+def _terminate_like_ctrl_c(signum: int, _frame) -> None:
+    """SIGTERM (a ``timeout`` wrapper, a job scheduler) unwinds like Ctrl-C: workers are closed
+    and a running evaluation is recorded ``interrupted`` in the store. The process still ends by
+    SIGTERM (exit status -15, which campaign executors read as killed from outside), and a second
+    SIGTERM during the clean-up ends it at once."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    atexit.register(os.kill, os.getpid(), signal.SIGTERM)
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@app.callback()
+def _main() -> None:
+    """D2K-Bench: evaluate Triton kernels written from expert designs."""
+    if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+        signal.signal(signal.SIGTERM, _terminate_like_ctrl_c)
 
 
 def _error(msg: str) -> None:

@@ -24,7 +24,6 @@ import importlib.metadata as md
 import json
 import os
 import platform
-import socket
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +38,7 @@ from d2kbench.agents.recording import RunRecorder, task_leak_paths
 from d2kbench.agents.submissions import SubmissionQueue, remove_tree, set_turn, snapshot
 from d2kbench.agents.tools import ToolOutput
 from d2kbench.agents.workspace import GUIDANCE_LEVELS, EvalSettings, load_config, mcp_server_spec, stage_workspace
+from d2kbench.machine import host_id
 from d2kbench.scoring.metrics import ScoringError
 from d2kbench.scoring.stored import final_of_run
 from d2kbench.store import Store
@@ -199,7 +199,7 @@ def run_agent(spec: RunSpec, *, store_path: str | Path, runs_root: str | Path, a
     store.start_run(run_id, task=spec.task, model=spec.model, backend=spec.backend, guidance=spec.guidance,
                     seed=spec.seed, budget_turns=spec.budget_turns, campaign=spec.campaign, run_key=key,
                     attempt=attempt, config={**spec.model_dump(mode="json"), "run_dir": str(run_dir),
-                                             "pid": os.getpid(), "host": socket.gethostname()})
+                                             "pid": os.getpid(), "host": host_id()})
     status, exit_reason, error = "failed", None, None
     summary: dict = {}
     recorder = None

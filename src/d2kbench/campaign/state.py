@@ -16,7 +16,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import socket
 import time
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 
 from d2kbench.agents.runner import RunSpec
 from d2kbench.campaign.plan import Plan
+from d2kbench.machine import host_id
 from d2kbench.sandbox.process import kill_stale_group
 
 DONE_STATUSES = ("finished",)
@@ -82,7 +82,7 @@ class Schedule(BaseModel):
 def _stop_orphans(store, plan: Plan) -> None:
     """Kill the process groups of attempts still marked ``running`` on this machine (workers
     that outlived a killed campaign, e.g. Ray tasks), so none finishes behind our back."""
-    host = socket.gethostname()
+    host = host_id()
     killed = False
     for spec in plan.runs():
         for r in _attempts(store, spec):

@@ -20,6 +20,7 @@ from d2kbench.harness.evaluate import (
     Options,
     default_workloads,
     phase_breakdown,
+    recorded_evaluation,
     resolve_device,
     run_solutions,
     timed_seconds,
@@ -143,7 +144,8 @@ def benchmark(task: Task, solutions: list[str], workloads: list[Workload] | None
         bid = uuid.uuid4().hex[:12]
         created = datetime.now(timezone.utc).isoformat(timespec="seconds")
         entries = [(s, "candidate", s) for s in solutions] + [(baseline, "baseline", baseline)]
-        runs = run_solutions(task, entries, workloads, device, opts, env, bid, created, store, progress)
+        with recorded_evaluation(store, bid, task, device, env, created):
+            runs = run_solutions(task, entries, workloads, device, opts, env, bid, created, store, progress)
         floors = {}
         if device == "cuda":
             with phase("environment"):

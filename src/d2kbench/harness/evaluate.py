@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -251,6 +252,24 @@ def timed_seconds(runs) -> float:
                for run in runs for r in run.results if r.timing)
 
 
+@contextmanager
+def recorded_evaluation(store, ev_id: str, task: Task, device: str, env: dict, created: str) -> Iterator[None]:
+    """An evaluation's status in ``store`` (None: no store) around the block that runs it:
+    ``running`` on entry, ``complete`` when the block ends, ``interrupted`` when it raises
+    (an error, Ctrl-C, or SIGTERM from a timeout wrapper: the CLI turns it into an exception).
+    Reports use complete evaluations only (docs/protocol.md). The exception is re-raised."""
+    if store is None:
+        yield
+        return
+    store.start_evaluation(ev_id, task.id, device, env, created)
+    try:
+        yield
+    except BaseException:
+        store.finish_evaluation(ev_id, "interrupted")
+        raise
+    store.finish_evaluation(ev_id)
+
+
 def evaluate(task: Task, solution: str | Path, workloads: list[Workload] | None = None, device: str = "auto",
              baseline: str | Path | None = "reference", *, store=None, options: Options | None = None,
              progress: Callable[[str], None] | None = None) -> Evaluation:
@@ -283,17 +302,9 @@ def evaluate(task: Task, solution: str | Path, workloads: list[Workload] | None 
         entries = [("candidate", "candidate", solution)] + ([("baseline", "baseline", baseline)] if baseline is not None else [])
         ev_id = uuid.uuid4().hex[:12]
         created = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        if store is not None:  # status running until every result is written (reports use complete ones)
-            store.start_evaluation(ev_id, task.id, device, env, created)
-        try:
+        with recorded_evaluation(store, ev_id, task, device, env, created):
             runs = run_solutions(task, entries, workloads, device, opts, env, ev_id, created, store, progress,
                                  timed_for={"baseline": "candidate"})
-        except BaseException:
-            if store is not None:
-                store.finish_evaluation(ev_id, "interrupted")
-            raise
-        if store is not None:
-            store.finish_evaluation(ev_id)
         if device == "cuda":
             with phase("environment"):
                 env["smi_after"] = nvidia_smi()

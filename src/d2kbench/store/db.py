@@ -24,10 +24,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import sqlite3
 from pathlib import Path
 
+from d2kbench.machine import host_id
 from d2kbench.results import SolutionRun, WorkloadResult
 from d2kbench.store.merge import Merge, MergeCounts
 from d2kbench.store.redact import redact_secrets, scrub, secret_values
@@ -77,7 +77,7 @@ class Store:
         self.conn.execute(
             "INSERT OR IGNORE INTO evaluations(eval_id, task, device, created_at, env_json, status, host, pid)"
             " VALUES (?,?,?,?,?,'running',?,?)",
-            (eval_id, task, device, created_at, json.dumps(env, default=str), socket.gethostname(), os.getpid()))
+            (eval_id, task, device, created_at, json.dumps(env, default=str), host_id(), os.getpid()))
 
     def finish_evaluation(self, eval_id: str, status: str = "complete") -> None:
         """Close an evaluation: ``complete`` (every result written) or ``interrupted``.
@@ -95,7 +95,7 @@ class Store:
         """eval_id -> status of every evaluation, where a ``running`` evaluation whose process
         on this machine is gone reads ``interrupted`` (a process on another machine cannot be
         checked: it stays ``running`` until merged from the store that finished it)."""
-        host = socket.gethostname()
+        host = host_id()
         out = {}
         for r in self.conn.execute("SELECT eval_id, status, host, pid FROM evaluations"):
             status = r["status"]
