@@ -38,11 +38,14 @@ def _part(q, k_cache, v_cache, row, lo, hi, scale, p_round, score_round):
 
 
 def _cascade(q, k_cache, v_cache, block_tables, seq_lens, common_prefix_len, scale, *, p_round=True,
-             score_round=False, prefix_end=None, use_suffix=True, prefix_weight=1.0):
+             score_round=False, prefix_end=None, use_suffix=True, prefix_weight=1.0, partial_round=False):
     """Prefix part (tokens below ``prefix_end``, default the shared pages' ``P // BS * BS``,
     through row 0) merged with the suffix part (from ``prefix_end`` to the length, through the
-    request's row). ``prefix_weight`` scales
-    the prefix's merge weight (2.0: the prefix counted twice)."""
+    request's row). ``prefix_weight`` scales the prefix's merge weight (2.0: the prefix counted
+    twice); ``partial_round`` rounds both partial outputs to q's dtype before the merge (LSEs
+    stay float32), as a cascade built from attention kernels that return q's dtype does
+    (FlashInfer's cascade wrapper merging its levels' outputs, the ``sdpa_cascade``
+    alternative)."""
     BS = k_cache.shape[1]
     P = common_prefix_len // BS * BS if prefix_end is None else prefix_end
     o = torch.empty_like(q)
@@ -50,6 +53,8 @@ def _cascade(q, k_cache, v_cache, block_tables, seq_lens, common_prefix_len, sca
         o_a, lse_a = _part(q[i], k_cache, v_cache, block_tables[0], 0, P, scale, p_round, score_round)
         hi = int(seq_lens[i]) if use_suffix else P
         o_b, lse_b = _part(q[i], k_cache, v_cache, block_tables[i], P, hi, scale, p_round, score_round)
+        if partial_round:
+            o_a, o_b = o_a.to(q.dtype).float(), o_b.to(q.dtype).float()
         m = torch.maximum(lse_a, lse_b)
         w_a, w_b = prefix_weight * torch.exp(lse_a - m), torch.exp(lse_b - m)
         o[i] = ((w_a[:, None] * o_a + w_b[:, None] * o_b) / (w_a + w_b)[:, None]).to(q.dtype)
@@ -67,6 +72,7 @@ def _page_up(q, k, v, bt, sl, P, scale):
 PROBES = [
     ("reference_fp32", reference_run, "accept"),
     ("cascade_p_rounded", _cascade, "accept"),
+    ("partials_rounded", lambda *a: _cascade(*a, partial_round=True), "accept"),
     ("scores_rounded", lambda *a: _cascade(*a, score_round=True), "reject"),
     ("suffix_dropped", lambda *a: _cascade(*a, use_suffix=False), "reject"),
     ("prefix_counted_twice", lambda *a: _cascade(*a, prefix_weight=2.0), "reject"),

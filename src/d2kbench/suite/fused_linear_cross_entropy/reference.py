@@ -61,7 +61,7 @@ def make_inputs(workload: dict, seed: int, device: str | torch.device) -> dict:
     Args:
         workload: axes ``BT, H, V``; params ``dtype`` (``bfloat16`` default; float16 on the CPU
             smoke workloads), ``ignored`` and ``mask`` (:func:`make_labels`) and ``variant``:
-            ``normal`` or ``large_logits`` (a tenth of the rows scaled by 10: logits past 88, where
+            ``normal`` or ``large_logits`` (a tenth of the rows, rounded up, scaled by 10: logits past 88, where
             exp overflows in float32 without the max subtraction).
         seed: seed of the generators (labels on the CPU, tensors on ``device``).
         device: where the tensors are created.
@@ -91,8 +91,9 @@ def make_inputs(workload: dict, seed: int, device: str | torch.device) -> dict:
     target = w.float()[labels.clamp_min(0)]
     push = 20.0 * torch.rand(BT, 1, generator=gen, device=device) * valid[:, None]
     x = x + push * target / target.square().sum(dim=1, keepdim=True)
-    if variant == "large_logits":
-        x = x * torch.where(torch.rand(BT, 1, generator=gen, device=device) < 0.1, 10.0, 1.0)
+    if variant == "large_logits":  # exactly ceil(BT / 10) rows, so that every draw has some (BT 40: 4)
+        rows = torch.randperm(BT, generator=gen, device=device)[:(BT + 9) // 10]
+        x[rows] *= 10.0
     return {"x": x.to(dtype).contiguous(), "weight": w.contiguous(), "labels": labels, "ignore_index": IGNORE_INDEX}
 
 
