@@ -2,7 +2,8 @@
 task, shared by the tests that assert on it.
 
 The Triton interpreter needs seconds per call on the CPU, and several test files assert on the
-same solutions: ``test_integrity_fp.py`` (no integrity defence flags a shipped solution) and the
+same solutions: ``test_integrity_fp.py`` and ``test_integrity_fp_expert.py`` (no integrity defence
+flags a shipped solution: :func:`assert_not_flagged`) and the
 task files (expert and straightforward pass every check on the smoke workloads that exercise
 their code paths). Each (task, solution) is evaluated once per test session, on the union of the
 smoke workloads those tests need, with every integrity defence on; every test then asserts on
@@ -191,3 +192,29 @@ class ShippedEvaluations:
             raise KeyError(f"{task_id}/{solution}: the shared evaluation did not run {missing}: "
                            "add them to ASSERTED in tests/shipped.py")
         return [by_id[w] for w in workloads]
+
+
+def flagged(ev: Evaluation) -> list[str]:
+    """One line per workload of ``ev``'s candidate that did not pass or has any integrity
+    violation (empty: nothing flagged)."""
+    return [f"{r.workload}: {r.status.value}: {r.cause[:200]}; violations {[(v.rule, v.evidence[:120]) for v in r.violations]}"
+            for r in ev.candidate.results if r.status.value != "ok" or r.violations]
+
+
+def assert_not_flagged(item: tuple[str, str], ev: Evaluation) -> None:
+    """Zero false positives of the shipped solution ``item`` = (task, solution) in its shared
+    evaluation ``ev``: no workload flagged, and for a Triton solution the integrity protocol
+    really ran (a timed smoke workload, a passed sensitivity call, the timed outputs re-checked
+    where the task has no state updates).
+
+    Raises:
+        AssertionError: what was flagged, or which part of the protocol did not run.
+    """
+    assert not flagged(ev), flagged(ev)
+    res = [r for r in ev.candidate.results if not r.correctness_only]
+    if item[1] != "reference":  # the integrity protocol really ran: sensitivity call and timed outputs
+        assert res, "no timed smoke workload ran"
+        assert any(c.name == "sensitivity" and c.passed for r in ev.candidate.results for c in r.integrity_checks)
+        mutable = any(getattr(a, "mutable", False) for a in load_task(item[0]).spec.args)
+        if not mutable:  # timed outputs of tasks with state updates are not re-checked (their state drifts)
+            assert all(any(c.name.startswith("timed#") for c in r.integrity_checks) for r in res)

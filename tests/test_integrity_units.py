@@ -68,6 +68,34 @@ def test_monitor_keeps_its_counter_out_of_reach():
     assert not any(isinstance(v, (dict, ops.OpLog)) for v in vars(mode).values())
 
 
+def test_cpu_monitors_record_ops_without_loading_dynamo():
+    """A CPU correctness call's monitors (dispatch monitor, Kineto profiler) record the call's
+    ATen ops without importing Dynamo or Inductor: PyTorch's wrappers would otherwise import them
+    in every worker's first call (seconds each on 2 cores). Once Dynamo is loaded the monitor
+    is Dynamo-disabled as PyTorch does by default. In a fresh interpreter (pytest may hold Dynamo)."""
+    code = textwrap.dedent("""
+        import sys, torch
+        from d2kbench.integrity import ops
+        from d2kbench.integrity.guard import _CpuOpProfile
+        mode, log = ops.make_op_monitor()
+        prof = _CpuOpProfile()
+        prof.start()
+        with mode:
+            torch.ones(4).add_(1.0).sum()
+        seen = prof.stop()
+        loaded = [m for m in ("torch._dynamo", "torch._inductor") if m in sys.modules]
+        assert not loaded, loaded
+        assert log.ops["aten::add_"] == 1 and seen["aten::add_"] >= 1, (dict(log.ops), dict(seen))
+        assert not type(mode)._should_skip_dynamo()
+        import torch._dynamo
+        assert ops.make_op_monitor()[0]._should_skip_dynamo()
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in [str(Path(__file__).resolve().parents[1] / "src"),
+                                                                    os.environ.get("PYTHONPATH", "")] if p)}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
 def test_host_compute_limits_scalar_reads_and_device_to_host_bytes():
     """Many ``.item()`` reads in one call are host compute; a few (launch planning) are not."""
     t = torch.arange(200.0)

@@ -46,7 +46,10 @@ def _evaluate(task, solution, workloads: list[str]):
 # ------------------------------------------------------------------------------------ task files
 @pytest.mark.parametrize("task_id", TASKS)
 def test_task_validates(task_id):
-    assert validate_task(task_id) == []
+    # flash_decode_splitkv's torch.compile alternative: the harness's compile_reference path runs
+    # once in the suite, in test_alternatives.py (a cold compile takes a minute on 2 cores); the
+    # CUDA-only alternatives run on the CPU in test_alternatives_match_the_reference_on_cpu below
+    assert validate_task(task_id, run_alternatives=False) == []
 
 
 def test_registered_workloads_follow_model_configs():

@@ -48,7 +48,8 @@ CRITICAL = (
     "torch._C._set_deterministic_algorithms",
     "torch.isfinite", "torch.Tensor", "torch.Tensor.clone", "torch.Tensor.detach", "torch.Tensor.copy_",
     "torch.Tensor.zero_", "torch.Tensor.fill_", "torch.Tensor.untyped_storage", "torch.Tensor.data_ptr",
-    "torch.profiler.profile", "torch.autograd.profiler.record_function",
+    "torch.profiler.profile", "torch.autograd.profiler.profile", "torch.autograd.profiler.profile.__enter__",
+    "torch.autograd.profiler.profile.__exit__", "torch.autograd.profiler.record_function",
     "torch.utils._python_dispatch.TorchDispatchMode",
     "torch.utils._python_dispatch._get_current_dispatch_mode_stack",
     "multiprocessing.connection.Connection.send", "multiprocessing.connection.Connection.recv",
@@ -236,13 +237,18 @@ def overlapping(spans: list[tuple[int, int]], held: list[tuple[int, int]]) -> tu
 
 
 class _CpuOpProfile:
-    """torch.profiler over one CPU call: the ATen ops PyTorch itself recorded (in C++, not in
-    any Python object the solution could reach), by schema name."""
+    """The Kineto profiler over one CPU call: the ATen ops PyTorch itself recorded (in C++, not
+    in any Python object the solution could reach), by schema name.
+
+    ``torch.autograd.profiler.profile`` with Kineto and CPU events only is what
+    ``torch.profiler.profile(activities=[CPU])`` runs underneath; called directly because the
+    wrapper's ``prepare_trace`` asks ``hasattr(torch, "_inductor")``, which imports Inductor
+    (2-7 s of each CPU worker's first call, measured on 2 cores) to read a CUDA-graph flag."""
 
     def __init__(self) -> None:
-        from torch.profiler import ProfilerActivity, profile
+        from torch.autograd.profiler import profile
 
-        self._prof = profile(activities=[ProfilerActivity.CPU])
+        self._prof = profile(use_cpu=True, use_kineto=True)
 
     def start(self) -> None:
         self._prof.__enter__()
@@ -250,7 +256,7 @@ class _CpuOpProfile:
     def stop(self) -> Counter:
         self._prof.__exit__(None, None, None)
         seen: Counter = Counter()
-        for e in self._prof.profiler.kineto_results.events():
+        for e in self._prof.kineto_results.events():
             name = e.name()
             if name.startswith("aten::"):
                 seen[name] += 1

@@ -19,6 +19,7 @@ ops below autograd and composite decompositions (``torch.matmul`` on 3-D inputs 
 from __future__ import annotations
 
 import re
+import sys
 from collections import Counter
 
 # Imports inside functions: torch loads in the worker, when the dispatch monitor is installed.
@@ -145,6 +146,14 @@ def make_op_monitor():
     log = OpLog()
 
     class _OpMonitor(TorchDispatchMode):
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            # PyTorch wraps a mode's __torch_dispatch__ in torch._disable_dynamo, which imports
+            # Dynamo on the first op (2-5 s of each CPU worker's first call, measured on 2 cores)
+            # only to keep Dynamo from compiling the monitor. Without Dynamo loaded nothing can
+            # compile it; once it is loaded (by anything), the wrapper is kept.
+            return "torch._dynamo" in sys.modules
+
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             name = func._schema.name
             log.ops[name] += 1
