@@ -402,6 +402,37 @@ def test_channel_checks_shared_tensors_and_their_descriptors(tmp_path):
         channel._rebuild_storage_fd(torch.UntypedStorage, CheckedDupFd(fd), 4096)
 
 
+def test_resource_sharer_serves_workers_while_another_client_stalls():
+    """A client that connects to the parent's listener and sends nothing (a stalling solution, or
+    a worker starved of CPU) must not hold back another worker's fetch: each request is served in
+    its own thread (before, the listener served one client at a time and the others waited up to
+    its 10 s timeout). Fresh interpreter: the listener is a process-wide singleton."""
+    code = textwrap.dedent('''
+        import os, subprocess, sys, time
+        import multiprocessing.resource_sharer as rs
+        from multiprocessing.reduction import ForkingPickler
+        import torch, torch.multiprocessing
+        from d2kbench.sandbox import channel
+        channel.harden_resource_sharer()
+        t = torch.arange(12, dtype=torch.float32)
+        data = bytes(ForkingPickler.dumps(t))
+        # another process (the listener serves its own process's stop request inline) connects and sends nothing
+        stall = subprocess.Popen([sys.executable, "-c", "import socket, sys, time; s = socket.socket(socket.AF_UNIX); "
+                                  "s.connect(sys.argv[1]); print('connected', flush=True); time.sleep(30)",
+                                  rs._resource_sharer._address], stdout=subprocess.PIPE, text=True)
+        assert stall.stdout.readline().strip() == "connected"
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        out = channel.loads(data, os.path.dirname(rs._resource_sharer._address))
+        print("fetched", bool(torch.equal(out, t)), round(time.monotonic() - t0, 2), flush=True)
+        stall.kill()
+    ''')
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    _, ok, seconds = p.stdout.split()
+    assert ok == "True" and float(seconds) < 3.0, p.stdout
+
+
 class CheckedDupFd:
     """Stands in for a frame's checked descriptor (already received)."""
 

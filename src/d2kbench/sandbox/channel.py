@@ -223,39 +223,65 @@ def recv(conn, fd_dir: str | None) -> object:
 def _serve(self) -> None:  # pragma: no cover - runs in the resource sharer's thread
     """``multiprocessing.resource_sharer._ResourceSharer._serve`` with requests decoded without
     globals (a ``(key, pid)`` pair of ints, or None to stop) and clients that do not finish their
-    handshake and request within :data:`SHARER_TIMEOUT_S` dropped."""
-    from multiprocessing import connection, util
+    handshake and request within :data:`SHARER_TIMEOUT_S` dropped.
+
+    Each worker's request is served in its own thread, so that one client that stalls (a solution
+    that connects and sends nothing, or a worker starved of CPU on a loaded machine) cannot hold
+    back the other workers of the evaluation, or of concurrent evaluations in this process. The
+    stop request comes from this process itself (``_ResourceSharer.stop``), identified by the
+    socket's peer PID, which the kernel reports: it is served here and ends the loop."""
+    from multiprocessing import util
 
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
     while True:
-        peer = 0
         try:
             raw = self._listener._listener.accept()  # not yet authenticated
             with socket.socket(fileno=os.dup(raw.fileno())) as s:
                 peer = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]  # host pid
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", int(SHARER_TIMEOUT_S), 0))
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(SHARER_TIMEOUT_S), 0))
-            with raw as conn:
-                connection.deliver_challenge(conn, self._listener._authkey)
-                connection.answer_challenge(conn, self._listener._authkey)
-                msg = _Unpickler(conn.recv_bytes(_SHARER_MAX_BYTES), None, allow_globals=False).load()
-                if msg is None:
-                    break
-                if not (isinstance(msg, tuple) and len(msg) == 2 and all(type(v) is int for v in msg)):
-                    raise UntrustedPickle(f"resource request {str(msg)[:60]!r} is not (key, pid)")
-                key, destination_pid = msg
-                send, close = self._cache.pop(key)
-                try:
-                    send(conn, destination_pid)
-                finally:
-                    close()
-        except Exception as e:  # noqa: BLE001 - one bad client must not stop the listener
+        except Exception as e:  # noqa: BLE001 - a failed accept must not stop the listener
             if util.is_exiting():
                 break
-            if isinstance(e, UntrustedPickle):
-                _record_refusal(peer, f"the parent's resource-sharer listener refused a request: {e}")
-            print(f"d2k: resource sharer refused a client (pid {peer}): {e!r}", file=sys.stderr)
+            print(f"d2k: resource sharer could not accept a client: {e!r}", file=sys.stderr)
+            continue
+        if peer == os.getpid():
+            if _serve_client(self, raw, peer) == "stop":
+                break
+        else:
+            threading.Thread(target=_serve_client, args=(self, raw, peer), daemon=True,
+                             name=f"d2k-resource-sharer-{peer}").start()
+
+
+def _serve_client(sharer, raw, peer: int) -> str:  # pragma: no cover - runs in a resource-sharer thread
+    """Authenticate one client, read its request and send the descriptor it names; ``"stop"``
+    for the stop request. A refused request is recorded against the peer PID; no exception
+    leaves this function."""
+    from multiprocessing import connection, util
+
+    try:
+        with raw as conn:
+            connection.deliver_challenge(conn, sharer._listener._authkey)
+            connection.answer_challenge(conn, sharer._listener._authkey)
+            msg = _Unpickler(conn.recv_bytes(_SHARER_MAX_BYTES), None, allow_globals=False).load()
+            if msg is None:
+                return "stop"
+            if not (isinstance(msg, tuple) and len(msg) == 2 and all(type(v) is int for v in msg)):
+                raise UntrustedPickle(f"resource request {str(msg)[:60]!r} is not (key, pid)")
+            key, destination_pid = msg
+            send, close = sharer._cache.pop(key)
+            try:
+                send(conn, destination_pid)
+            finally:
+                close()
+    except Exception as e:  # noqa: BLE001 - one bad client must not stop the listener
+        if util.is_exiting():
+            return "served"
+        if isinstance(e, UntrustedPickle):
+            _record_refusal(peer, f"the parent's resource-sharer listener refused a request: {e}")
+        print(f"d2k: resource sharer refused a client (pid {peer}): {e!r}", file=sys.stderr)
+    return "served"
 
 
 _hardened = threading.Lock()
