@@ -472,8 +472,8 @@ def test_launch_counter_counts_interpreted_launches(tmp_path):
         import os, sys
         os.environ["TRITON_INTERPRET"] = "1"
         import torch, triton, triton.language as tl
-        from d2kbench.integrity.guard import _Launches
-        counter = _Launches()
+        from d2kbench.integrity.launches import Launches
+        counter = Launches()
         @triton.jit
         def _copy(a, o, n, B: tl.constexpr):
             i = tl.arange(0, B)
@@ -482,7 +482,7 @@ def test_launch_counter_counts_interpreted_launches(tmp_path):
         _copy[(1,)](a, o, 8, B=8); _copy[(1,)](a, o, 8, B=8)
         print(dict(counter.take()), bool((o == a).all()))
         _copy[lambda meta: (2, 1)](a, o, 8, B=4)
-        print(dict(counter.take()), dict(_Launches.names(counter.take())))
+        print(dict(counter.take()), dict(Launches.names(counter.take())))
     ''')
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -181,7 +181,7 @@ def eval_cmd(
                                     "dead worker (default: the remaining ones are not run)"),
 ) -> None:
     """Check and time SOLUTION on TASK's workloads against a baseline."""
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
     from d2kbench.harness.evaluate import Options, default_workloads, evaluate, resolve_device
     from d2kbench.harness.summary import COLUMNS, overhead_line, rows, summary, to_markdown
@@ -203,9 +203,12 @@ def eval_cmd(
                   transient=True) as prog:
         for i in range(repeat):
             bar = prog.add_task(f"evaluating {solution} on {t.id} ({dev})")
+
+            def show(m: str, b: TaskID = bar, n: int = i + 1) -> None:
+                prog.update(b, description=f"[{n}/{repeat}] {m}")
+
             evs.append(evaluate(t, solution, wls, dev, None if baseline == "none" else baseline, store=store,
-                                options=Options(timeout_s=timeout, keep_going=keep_going),
-                                progress=lambda m, b=bar, i=i: prog.update(b, description=f"[{i + 1}/{repeat}] {m}")))
+                                options=Options(timeout_s=timeout, keep_going=keep_going), progress=show))
             prog.remove_task(bar)
     for ev in evs:
         table = Table(*COLUMNS, title=f"{t.id}: {solution} vs {baseline} on {dev}  (eval {ev.id})")
@@ -213,9 +216,9 @@ def eval_cmd(
             style = "green" if r["status"] == "ok" else "red"
             table.add_row(*[f"[{style}]{r[c]}[/{style}]" if c == "status" else r[c] for c in COLUMNS])
         console.print(table)
-        for r in ev.candidate.results:
-            for v in r.violations:
-                console.print(f"  [red]integrity[/red] {r.workload}: rule {v.rule}: {v.evidence}")
+        for res in ev.candidate.results:
+            for v in res.violations:
+                console.print(f"  [red]integrity[/red] {res.workload}: rule {v.rule}: {v.evidence}")
         console.print(summary(ev))
         console.print(f"harness: {overhead_line(ev.wall_s, ev.timed_s, ev.phases_s)}; stored in {store.path}")
     if json_path:

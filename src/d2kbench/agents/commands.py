@@ -93,9 +93,9 @@ def run_cmd(
     from d2kbench.store import DEFAULT_PATH
 
     try:
-        spec = RunSpec(task=task, model=model, backend=backend, guidance=guidance, base_url=base_url,
-                       budget_turns=budget_turns, wall_clock_s=wall_clock, device=device, seed=seed,
-                       backend_options=parse_options(option))
+        spec = RunSpec.model_validate(dict(task=task, model=model, backend=backend, guidance=guidance,
+                                           base_url=base_url, budget_turns=budget_turns, wall_clock_s=wall_clock,
+                                           device=device, seed=seed, backend_options=parse_options(option)))
     except ValidationError as e:
         for err in e.errors():
             print_error(console, f"{'.'.join(map(str, err['loc']))}: {err['msg']}")

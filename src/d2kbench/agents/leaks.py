@@ -25,6 +25,7 @@ import io
 import keyword
 import tokenize
 from pathlib import Path
+from typing import Any, cast
 
 #: Tokens per window of :func:`similarity`.
 SHINGLE = 8
@@ -46,7 +47,7 @@ def code_fingerprint(text: str) -> str:
         if isinstance(body, list):
             kept = [b for b in body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)
                                             and isinstance(b.value.value, str))]
-            node.body = kept or [ast.Pass()]
+            cast(Any, node).body = kept or [ast.Pass()]  # a node with a list body (checked above)
     return hashlib.sha256(ast.dump(tree, annotate_fields=False).encode()).hexdigest()
 
 

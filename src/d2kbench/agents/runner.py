@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from d2kbench.agents.backends import BACKENDS, BackendError, get_backend
 from d2kbench.agents.loop import Toolbox, run_loop
-from d2kbench.agents.pricing import load_prices, price_turn
+from d2kbench.agents.pricing import PriceTable, load_prices, price_turn
 from d2kbench.agents.recording import RunRecorder, task_leak_paths
 from d2kbench.agents.submissions import SubmissionQueue, remove_tree, set_turn, snapshot
 from d2kbench.agents.tools import ToolOutput
@@ -212,12 +212,7 @@ def run_agent(spec: RunSpec, *, store_path: str | Path, runs_root: str | Path, a
                              run_dir=control, runner=True, run_id=run_id, budget_turns=spec.budget_turns,
                              wall_clock_s=spec.wall_clock_s)
         cfg = load_config(ws)
-        try:
-            prices = load_prices()
-        except (FileNotFoundError, ValueError) as e:
-            prices = None
-            store.add_event(run_id, 0, "error", {"kind": "prices", "message": str(e)})
-        recorder = RunRecorder(store, run_id, prices, task_leak_paths(task.root))
+        recorder = RunRecorder(store, run_id, prices_or_event(store, run_id), task_leak_paths(task.root))
         if backend is None:
             backend = get_backend(spec.backend, spec.model, spec.base_url, **spec.backend_options)
         store.add_secrets(backend_keys(backend))  # a key the backend read from its environment
@@ -243,6 +238,24 @@ def run_agent(spec: RunSpec, *, store_path: str | Path, runs_root: str | Path, a
         store.add_event(run_id, 0, "error", {"kind": "harness", "message": error})
     finally:
         _stop(queue, backend, store, run_id)
+    return _finish(store, run_id, key, status, exit_reason, error, recorder, summary, say)
+
+
+def prices_or_event(store, run_id: str) -> PriceTable | None:
+    """The price table (:func:`d2kbench.agents.pricing.load_prices`), or None, with an ``error``
+    event of kind ``prices`` recorded on the run, when it cannot be read: the run goes on, its
+    cost unknown."""
+    try:
+        return load_prices()
+    except (FileNotFoundError, ValueError) as e:
+        store.add_event(run_id, 0, "error", {"kind": "prices", "message": str(e)})
+        return None
+
+
+def _finish(store, run_id: str, key: str, status: str, exit_reason: str | None, error: str | None, recorder,
+            summary: dict, say: Callable[[str], None]) -> RunOutcome:
+    """Close a run: select and record its final candidate, total its cost (US$; None when a model
+    has no price), write the run row's end and summary, close the store."""
     cands = store.candidates_of(run_id)
     final, why = record_final(store, run_id)
     if why:

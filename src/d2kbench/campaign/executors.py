@@ -196,7 +196,8 @@ def local_slots(device: str, gpus: list[int] | None, concurrency: int | None) ->
         except Exception:  # noqa: BLE001
             n = 0
         if n:
-            return [str(g) for g in range(n)][: concurrency or n]
+            slots: list[str | None] = [str(g) for g in range(n)]
+            return slots[: concurrency or n]
         if device == "cuda":
             raise ValueError("the plan asks for device cuda but no GPU is visible")
     return [None] * (concurrency or 1)

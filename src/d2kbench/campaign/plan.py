@@ -94,7 +94,7 @@ class Plan(BaseModel):
 
     def levels(self) -> list[str]:
         """The guidance levels of every cell, in plan order."""
-        return list(self.guidance) if self.design == "custom" else list(DESIGNS[self.design])
+        return list(self.guidance or ()) if self.design == "custom" else list(DESIGNS[self.design])
 
     def seed_values(self) -> list[int]:
         return list(range(self.seeds)) if isinstance(self.seeds, int) else list(self.seeds)

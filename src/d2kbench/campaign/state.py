@@ -18,6 +18,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import TextIO
 
 from pydantic import BaseModel, ConfigDict
 
@@ -42,7 +43,7 @@ class CampaignLock:
 
     def __init__(self, store_path: str | Path, name: str):
         self.path = Path(f"{Path(store_path).resolve()}.{name}.lock")
-        self._fh = None
+        self._fh: TextIO | None = None
 
     def __enter__(self) -> CampaignLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)

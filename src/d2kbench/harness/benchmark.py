@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timezone
+from pathlib import Path
 
 from pydantic import BaseModel
 
@@ -111,7 +112,7 @@ def rates_of(task: Task, solution: str, run: SolutionRun, workloads: list[Worklo
         out.append(Rate(workload=wl.id, work_model=name, mean_ms=r.timing.mean_ms, tflops=tflops, tbps=tbps,
                         pct_bf16_ceiling=100 * tflops / ceil.bf16_tflops if ceil else None,
                         pct_hbm_ceiling=100 * tbps / ceil.hbm_tbps if ceil else None,
-                        bound=bound_of(task.spec, wl, ceil, floor, sol) if sol else wl.bound,
+                        bound=bound_of(task.spec, wl, ceil, floor, sol) if sol and ceil else wl.bound,
                         pct_sol=100 * sol[0] / r.timing.mean_ms if sol else None,
                         x_launch_floor=r.timing.mean_ms / floor if floor else None))
     return out
@@ -143,7 +144,8 @@ def benchmark(task: Task, solutions: list[str], workloads: list[Workload] | None
             env = fingerprint(device)
         bid = uuid.uuid4().hex[:12]
         created = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        entries = [(s, "candidate", s) for s in solutions] + [(baseline, "baseline", baseline)]
+        entries: list[tuple[str, str, str | Path]] = [(s, "candidate", s) for s in solutions]
+        entries.append((baseline, "baseline", baseline))
         with recorded_evaluation(store, bid, task, device, env, created):
             runs = run_solutions(task, entries, workloads, device, opts, env, bid, created, store, progress)
         floors = {}

@@ -7,6 +7,9 @@ expected values (reference, sampled FP64 oracle) as a solution would get.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from pydantic import BaseModel
 
 from d2kbench.checking.expected import Expected
@@ -32,7 +35,7 @@ class ProbeResult(BaseModel):
 def verdicts(results: list[ProbeResult]) -> dict[str, tuple[str, bool, bool]]:
     """Per probe: (expect, accepted on every workload, as expected). A solution fails the task
     when it fails any workload, so a probe to reject needs one failing workload."""
-    out = {}
+    out: dict[str, tuple[str, bool, bool]] = {}
     for r in results:
         expect, acc, _ = out.get(r.probe, (r.expect, True, True))
         acc = acc and r.accepted
@@ -40,7 +43,7 @@ def verdicts(results: list[ProbeResult]) -> dict[str, tuple[str, bool, bool]]:
     return out
 
 
-def load_probes(task: Task) -> list[tuple[str, object, str]]:
+def load_probes(task: Task) -> list[tuple[str, Callable[..., Any], str]]:
     """The task's ``calibration.PROBES``.
 
     Raises:

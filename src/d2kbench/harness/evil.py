@@ -181,14 +181,15 @@ def _run_case(case: EvilCase, device: str, root: Path | None, timeout_s: float) 
                     problems.append(f"evidence lacks {e['evidence']!r}")
         elif e["status"] == "incorrect":
             failed = [c for c in [*r.checks, *r.integrity_checks] if not c.passed]
-            match = [c for c in failed if want in c.name]
-            if not match:
+            named = [c for c in failed if want in c.name]
+            if not named:
                 problems.append(f"no failed check named like {want!r} (failed: {[c.name for c in failed][:5]})")
             else:
-                c = match[0]
-                out.got_rule = c.name
-                out.evidence = f"call {c.call}: {c.name}" + (f" error {c.error:.3g} > {c.threshold:.3g}"
-                                                             if c.error is not None and c.threshold is not None else "")
+                check = named[0]
+                out.got_rule = check.name
+                out.evidence = f"call {check.call}: {check.name}" + (
+                    f" error {check.error:.3g} > {check.threshold:.3g}"
+                    if check.error is not None and check.threshold is not None else "")
         elif want not in r.cause:
             problems.append(f"cause lacks {want!r}: {r.cause[:160]}")
     if not out.evidence:

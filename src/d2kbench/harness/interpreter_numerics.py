@@ -246,7 +246,8 @@ def convert_bits(data: np.ndarray, src: str, dst: str, rounding: str | None = No
     if not narrowing:
         return encode(values, dfmt)  # exact: every source value is a destination value
     # fp8 "rtz" (e5m2 only) goes through cvt.rz.f16.f32, which keeps Inf: no satfinite
-    return encode(values, dfmt, mode, saturate=dst in _FP8 and mode == "rtne")
+    narrow_mode = rounding or "rtne"  # the mode checked above: narrowing always has one
+    return encode(values, dfmt, narrow_mode, saturate=dst in _FP8 and narrow_mode == "rtne")
 
 
 def fma(x: np.ndarray, y: np.ndarray, z: np.ndarray) -> np.ndarray:

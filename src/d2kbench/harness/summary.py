@@ -84,8 +84,7 @@ def repeatability(evs: list[Evaluation]) -> list[dict]:
     (max/min - 1, in %), plus each evaluation's harness overhead (wall - timed, s)."""
     out = []
     for wid in [r.workload for r in evs[0].candidate.results if r.timing]:
-        means = [ev.candidate.result(wid).timing.mean_ms for ev in evs
-                 if ev.candidate.result(wid) and ev.candidate.result(wid).timing]
+        means = [r.timing.mean_ms for ev in evs if (r := ev.candidate.result(wid)) and r.timing]
         if len(means) == len(evs):
             out.append({"workload": wid, "means_ms": means, "spread_pct": 100.0 * (max(means) / min(means) - 1.0)})
     return out

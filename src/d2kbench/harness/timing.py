@@ -205,7 +205,7 @@ def time_events(call: Callable[[int], object], n_sets: int, flush: Callable[[], 
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     adaptive = hold_us is None
-    hold = 0.0 if adaptive else float(hold_us)
+    hold = 0.0 if hold_us is None else float(hold_us)
     if adaptive:  # the host time of one call on the idle GPU (untimed), then the prime
         t0 = time.perf_counter()
         call(0)

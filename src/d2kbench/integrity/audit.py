@@ -25,6 +25,9 @@ import site
 import sys
 import sysconfig
 import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any, NamedTuple
 
 # Imports inside functions: ctypes, marshal and importlib.util load only when the hook is
 # installed (it keeps ctypes' originals as they are then) or meets the event that needs them.
@@ -201,6 +204,9 @@ class AuditRecorder:
 def install(solution_path: str, protected: list[str]) -> AuditRecorder:
     """Install the audit hook (once per process) and return its recorder.
 
+    The hook's state (armed or not, findings, files adopted as the solution's) lives in the
+    closures built here and by the builders below, not in module globals.
+
     Args:
         solution_path: the solution file; code in its folder (and code compiled from strings)
             counts as the solution's.
@@ -212,18 +218,147 @@ def install(solution_path: str, protected: list[str]) -> AuditRecorder:
     protected_dirs = tuple(sorted({os.path.realpath(p).rstrip(os.sep) + os.sep for p in protected}))
     state = {"armed": False}
     found: list[tuple[str, str]] = []
-    safe_codes, safe_globals = _safe_ctypes_codes()
-    nvml_calls: list[frozenset[int]] = []  # looked up once NVML is loaded
-    import builtins
-    import ctypes
-    genuine_cdll = ctypes.CDLL
-    genuine_import = builtins.__import__
-    genuine_ctypes = {n: getattr(ctypes, n) for n in _NVML_CTYPES_NAMES}
     trusted_dirs = tuple({*std_dirs, *site_dirs, os.path.dirname(os.path.dirname(own_file)) + os.sep})
     adopted: set[str] = set()  # files named by code the solution created at run time
+
+    def refuse(rule: str, evidence: str, block: bool = True) -> None:
+        found.append((rule, evidence))
+        if block:
+            raise PermissionError(f"d2k integrity: {evidence} is not allowed in a solution")
+
+    is_stdlib, owner, involved = _frame_attribution(scope, own_file, std_dirs, site_dirs, adopted)
+    protected_path = _protected_path_check(protected_dirs)
+    judges = _Judges(
+        attributed=_attributed_judge(is_stdlib, owner, refuse),
+        ctypes=_ctypes_judge(_library_ctypes_check(own_file, is_stdlib), owner, involved, refuse),
+        code=_code_adopter(scope, trusted_dirs, adopted, owner, involved),
+        frame_access=_frame_access_judge(owner, refuse),
+        code_swap=_code_swap_judge(owner, refuse),
+        imports=_import_judge(owner, refuse),
+        open=_open_judge(protected_path, owner, involved, refuse),
+        path=_path_judge(protected_path, owner, involved, refuse),
+    )
+    hook = _audit_hook(state, judges)
+
+    def arm() -> None:
+        state["armed"] = True
+
+    def disarm() -> None:
+        state["armed"] = False
+
+    def drain() -> list[tuple[str, str]]:
+        out = list(found)
+        del found[:]
+        return out
+
+    def record(rule: str, evidence: str) -> None:
+        found.append((rule, evidence))
+
+    def armed() -> bool:
+        return state["armed"]
+
+    sys.addaudithook(hook)
+    return AuditRecorder(arm, disarm, drain, record, armed)
+
+
+# The builders below run once, inside install(); each returns the closures that the installed
+# hook keeps (a builder replaced after install() changes nothing). The closures reach one another
+# through their cells; like the hook before it was split, they read the rule tables (ATTRIBUTED,
+# FORBIDDEN_IMPORTS, ...) and the plain path helpers (proc_memory_file, ...) from the module.
+
+Frame = Any  # a frame object (types.FrameType), or None past the bottom of the stack
+Owner = Callable[[Frame], "tuple[str, int] | None"]
+Refuse = Callable[..., None]
+
+
+class _Judges(NamedTuple):
+    """One judge per family of audit events, in the order :func:`_audit_hook` unpacks them. Each
+    takes the event's arguments and the frame that raised it, and records and refuses through
+    ``refuse`` when the solution did what its family forbids."""
+
+    attributed: Callable[[str, str, tuple, Frame], None]  # ATTRIBUTED: introspection, processes
+    ctypes: Callable[[str, tuple, Frame], None]  # ctypes.*: foreign code
+    code: Callable[[str, tuple, Frame], None]  # _CODE_EVENTS: code created at run time
+    frame_access: Callable[[tuple, Frame], None]  # object.__getattr__ of FRAME_ATTRS
+    code_swap: Callable[[str, tuple, Frame], None]  # object.__setattr__/__delattr__ of CODE_ATTRS
+    imports: Callable[[tuple, Frame], None]  # import of FORBIDDEN_IMPORTS
+    open: Callable[[tuple, Frame], None]  # open: process memory files, protected writes
+    path: Callable[[str, tuple, Frame], None]  # _PATH_EVENTS: links, renames, removals, ...
+
+
+def _worth_judging(event: str, args: tuple) -> bool:
+    """Whether an event that is not in ``ATTRIBUTED`` can concern a rule at all: the cheap filter
+    the hook runs first, since it sees every audit event of the process. Reading a frame
+    attribute, setting or deleting a code attribute, opening a process's memory file or any file
+    for writing, an import, ctypes, a path event, or code created under a file name (code named
+    ``"<string>"`` and the like is the solution's already and needs no adopting)."""
+    if event == "object.__getattr__":
+        return len(args) >= 2 and args[1] in FRAME_ATTRS
+    if event in ("object.__setattr__", "object.__delattr__"):
+        return len(args) >= 2 and args[1] in CODE_ATTRS
+    if event == "open":
+        if args and isinstance(args[0], (str, bytes, os.PathLike)) and proc_memory_file(args[0]):
+            return True  # reading or writing a process's memory: judged whoever asks
+        return len(args) >= 3 and bool((isinstance(args[2], int) and args[2] & _WRITE_FLAGS) or
+                                       (isinstance(args[1], str) and any(c in args[1] for c in "wax+")))
+    if not (event == "import" or event.startswith("ctypes.") or event in _PATH_EVENTS or event in _CODE_EVENTS):
+        return False
+    return not (event in _CODE_EVENTS and args and len(args) > 1 and isinstance(args[1], str) and
+                args[1].startswith("<") and not args[1].startswith("<frozen"))
+
+
+def _where(o: tuple[str, int]) -> str:
+    """``file:line`` of an ``(file, line)`` owner, as the evidence of a refusal names it."""
+    return f"{os.path.basename(o[0])}:{o[1]}"
+
+
+def _audit_hook(state: dict[str, bool], judges: _Judges) -> Callable[[str, tuple], None]:
+    """The hook itself: while armed, filter the event cheaply, then hand it with the frame that
+    raised it to the judge of its family. A thread already inside the hook is not judged again
+    (the judges' own file reads and imports raise audit events too)."""
     local = threading.local()
     getframe = sys._getframe
-    realpath = os.path.realpath
+    worth_judging = _worth_judging
+    on_attributed, on_ctypes, on_code, on_frame_access, on_code_swap, on_import, on_open, on_path = judges
+
+    def hook(event: str, args: tuple) -> None:
+        if not state["armed"] or getattr(local, "busy", False):
+            return
+        rule = ATTRIBUTED.get(event)
+        if rule is None and not worth_judging(event, args):
+            return
+        local.busy = True
+        try:
+            caller = getframe(1)
+            if rule:
+                on_attributed(event, rule, args, caller)
+            elif event.startswith("ctypes."):
+                on_ctypes(event, args, caller)
+            elif event in _CODE_EVENTS:
+                on_code(event, args, caller)
+            elif event == "object.__getattr__":
+                on_frame_access(args, caller)
+            elif event in ("object.__setattr__", "object.__delattr__"):
+                on_code_swap(event, args, caller)
+            elif event == "import":
+                on_import(args, caller)
+            elif event == "open":
+                on_open(args, caller)
+            else:  # os.symlink, rename, remove, chmod, ... (_PATH_EVENTS)
+                on_path(event, args, caller)
+        finally:
+            local.busy = False
+
+    return hook
+
+
+def _frame_attribution(scope: tuple[str, str, tuple[str, ...]], own_file: str, std_dirs: tuple[str, ...],
+                       site_dirs: tuple[str, ...], adopted: set[str]) -> tuple[Callable[[str], bool], Owner, Owner]:
+    """``(is_stdlib, owner, involved)``: whether a file is the standard library's (files the
+    solution's run-time code named, ``adopted``, are not), the solution frame that caused an
+    event (the first frame outside this file and the standard library, when it is the
+    solution's), and the innermost solution frame anywhere on the stack. Both give
+    ``(file, line)`` or None."""
 
     def is_stdlib(fn: str) -> bool:
         if fn.startswith("<frozen"):
@@ -233,48 +368,7 @@ def install(solution_path: str, protected: list[str]) -> AuditRecorder:
     def solution_file(fn: str) -> bool:
         return fn in adopted or is_solution_file(fn, scope) or (fn.startswith("<") and not fn.startswith("<frozen"))
 
-    def genuine(fn: str, event: str, data) -> bool:
-        """Whether code named ``fn`` is what an installed library's file holds: its source
-        (``compile``) or the byte code of its cache (``marshal.loads``), in a trusted folder."""
-        if not fn.startswith(trusted_dirs) or event == "code.__new__":
-            return False
-        try:
-            if event == "compile":
-                with open(fn, "rb") as fh:
-                    disk = fh.read()
-                return isinstance(data, (bytes, str)) and disk == (data.encode() if isinstance(data, str) else data)
-            import importlib.util
-            with open(importlib.util.cache_from_source(fn), "rb") as fh:
-                return fh.read()[16:] == bytes(data)
-        except (OSError, ValueError, TypeError, NotImplementedError):
-            return False
-
-    def adopt(event: str, args: tuple, caller) -> None:
-        """Record the files that code created by the solution claims (``_CODE_EVENTS``): any file
-        when the solution asked (through the standard library), and files outside the installed
-        libraries when it is anywhere on the stack (``compile`` handed to a library's
-        higher-order function; a library compiling its own files while the solution runs, as
-        Triton's interpreter does, stays the library's)."""
-        if not args:
-            return
-        direct = owner(caller) is not None
-        if not direct and involved(caller) is None:
-            return
-        if event == "marshal.loads":
-            import marshal
-            try:
-                names = _code_filenames(marshal.loads(args[0]))
-            except (ValueError, EOFError, TypeError):  # not valid byte code: nothing to adopt
-                return
-        else:
-            names = {args[1]} if len(args) > 1 and isinstance(args[1], str) else set()
-        for fn in names:
-            if fn in adopted or (fn.startswith("<") and not fn.startswith("<frozen")) or is_solution_file(fn, scope):
-                continue
-            if not genuine(fn, event, args[0]) and (direct or not fn.startswith(trusted_dirs)):
-                adopted.add(fn)
-
-    def owner(frame) -> tuple[str, int] | None:
+    def owner(frame: Frame) -> tuple[str, int] | None:
         """(file, line) of the solution frame that caused the event, or None if not the solution's."""
         f = frame
         while f is not None:
@@ -287,7 +381,7 @@ def install(solution_path: str, protected: list[str]) -> AuditRecorder:
             return None
         return None
 
-    def involved(frame) -> tuple[str, int] | None:
+    def involved(frame: Frame) -> tuple[str, int] | None:
         """(file, line) of the innermost solution frame anywhere on the stack, or None."""
         f = frame
         while f is not None:
@@ -297,7 +391,43 @@ def install(solution_path: str, protected: list[str]) -> AuditRecorder:
             f = f.f_back
         return None
 
-    def library_ctypes(frame, event: str, args: tuple) -> bool:
+    return is_stdlib, owner, involved
+
+
+def _attributed_judge(is_stdlib: Callable[[str], bool], owner: Owner,
+                      refuse: Refuse) -> Callable[[str, str, tuple, Frame], None]:
+    """Judge of the ``ATTRIBUTED`` events (rules ``introspection`` and ``process_control``): the
+    solution's when it caused them. A process signalling itself is let through (it ends the
+    worker: a crash, reported as such), and so is a ``SAFE_FRAME_CALLERS`` module reading its
+    caller's frame."""
+    where = _where
+
+    def judge(event: str, rule: str, args: tuple, caller: Frame) -> None:
+        if event == "os.kill" and args and args[0] == os.getpid():
+            return  # signalling itself ends the worker: a crash, reported as such
+        if rule == "introspection" and event.startswith(("sys._getframe", "sys._current")) and \
+                caller is not None and caller.f_code.co_filename.endswith(SAFE_FRAME_CALLERS) and \
+                is_stdlib(caller.f_code.co_filename) and not caller.f_code.co_filename.startswith("<"):
+            return
+        o = owner(caller)
+        if o:
+            refuse(rule, f"{event} from {where(o)}")
+
+    return judge
+
+
+def _library_ctypes_check(own_file: str, is_stdlib: Callable[[str], bool]) -> Callable[[Frame, str, tuple], bool]:
+    """Whether a ctypes event is a ``SAFE_CTYPES_CALLERS`` function reaching NVML only. Takes
+    ctypes' originals and the callers' code objects as they are now (at install time)."""
+    safe_codes, safe_globals = _safe_ctypes_codes()
+    nvml_calls: list[frozenset[int]] = []  # looked up once NVML is loaded
+    import builtins
+    import ctypes
+    genuine_cdll = ctypes.CDLL
+    genuine_import = builtins.__import__
+    genuine_ctypes = {n: getattr(ctypes, n) for n in _NVML_CTYPES_NAMES}
+
+    def library_ctypes(frame: Frame, event: str, args: tuple) -> bool:
         """Whether the first frame outside the standard library runs the code of a
         ``SAFE_CTYPES_CALLERS`` function (the very code object) and the event reaches NVML only:
         ``NVML_LIBRARY`` loaded by name, an ``NVML_SYMBOLS`` symbol looked up in a plain ``CDLL``
@@ -323,10 +453,125 @@ def install(solution_path: str, protected: list[str]) -> AuditRecorder:
             return len(args) > 0 and isinstance(args[0], int) and args[0] in nvml_calls[-1]
         return event == "ctypes.create_string_buffer"
 
-    def where(o: tuple[str, int]) -> str:
-        return f"{os.path.basename(o[0])}:{o[1]}"
+    return library_ctypes
 
-    def protected_path(p) -> str | None:
+
+def _ctypes_judge(library_ctypes: Callable[[Frame, str, tuple], bool], owner: Owner, involved: Owner,
+                  refuse: Refuse) -> Callable[[str, tuple, Frame], None]:
+    """Judge of ``ctypes.*`` events (rule ``ctypes``): the solution anywhere on the stack is
+    enough, unless a ``SAFE_CTYPES_CALLERS`` function reaches NVML only."""
+    where = _where
+
+    def judge(event: str, args: tuple, caller: Frame) -> None:
+        # the solution anywhere on the stack is enough: a library function handed
+        # ctypes.string_at (or a foreign function) must not launder the call. Neither
+        # Triton (CPU interpreter, NVIDIA backend) nor PyTorch's tensor API calls ctypes;
+        # PyTorch's NVML device count does (SAFE_CTYPES_CALLERS).
+        o = owner(caller) or involved(caller)
+        if o and not library_ctypes(caller, event, args):
+            refuse("ctypes", f"{event} {str(args[:2])[:80]} from {where(o)}")
+
+    return judge
+
+
+def _code_adopter(scope: tuple[str, str, tuple[str, ...]], trusted_dirs: tuple[str, ...], adopted: set[str],
+                  owner: Owner, involved: Owner) -> Callable[[str, tuple, Frame], None]:
+    """Judge of ``_CODE_EVENTS``: refuses nothing, but adds to ``adopted`` the files that code
+    created by the solution names, so that frames of that code count as the solution's."""
+
+    def genuine(fn: str, event: str, data: Any) -> bool:
+        """Whether code named ``fn`` is what an installed library's file holds: its source
+        (``compile``) or the byte code of its cache (``marshal.loads``), in a trusted folder."""
+        if not fn.startswith(trusted_dirs) or event == "code.__new__":
+            return False
+        try:
+            if event == "compile":
+                with open(fn, "rb") as fh:
+                    disk = fh.read()
+                return isinstance(data, (bytes, str)) and disk == (data.encode() if isinstance(data, str) else data)
+            import importlib.util
+            with open(importlib.util.cache_from_source(fn), "rb") as fh:
+                return fh.read()[16:] == bytes(data)
+        except (OSError, ValueError, TypeError, NotImplementedError):
+            return False
+
+    def adopt(event: str, args: tuple, caller: Frame) -> None:
+        """Record the files that code created by the solution claims (``_CODE_EVENTS``): any file
+        when the solution asked (through the standard library), and files outside the installed
+        libraries when it is anywhere on the stack (``compile`` handed to a library's
+        higher-order function; a library compiling its own files while the solution runs, as
+        Triton's interpreter does, stays the library's)."""
+        if not args:
+            return
+        direct = owner(caller) is not None
+        if not direct and involved(caller) is None:
+            return
+        if event == "marshal.loads":
+            import marshal
+            try:
+                names = _code_filenames(marshal.loads(args[0]))
+            except (ValueError, EOFError, TypeError):  # not valid byte code: nothing to adopt
+                return
+        else:
+            names = {args[1]} if len(args) > 1 and isinstance(args[1], str) else set()
+        for fn in names:
+            if fn in adopted or (fn.startswith("<") and not fn.startswith("<frozen")) or is_solution_file(fn, scope):
+                continue
+            if not genuine(fn, event, args[0]) and (direct or not fn.startswith(trusted_dirs)):
+                adopted.add(fn)
+
+    return adopt
+
+
+def _frame_access_judge(owner: Owner, refuse: Refuse) -> Callable[[tuple, Frame], None]:
+    """Judge of ``object.__getattr__`` (rule ``introspection``): the solution reading an
+    attribute that hands out a frame (``FRAME_ATTRS``)."""
+    where = _where
+
+    def judge(args: tuple, caller: Frame) -> None:
+        if len(args) > 1 and args[1] in FRAME_ATTRS:
+            o = owner(caller)
+            if o:
+                refuse("introspection", f"access to .{args[1]} from {where(o)}")
+
+    return judge
+
+
+def _code_swap_judge(owner: Owner, refuse: Refuse) -> Callable[[str, tuple, Frame], None]:
+    """Judge of ``object.__setattr__``/``__delattr__`` (rule ``monkeypatch``): the solution
+    setting or deleting a function's code, globals, closure or defaults (``CODE_ATTRS``)."""
+    where = _where
+
+    def judge(event: str, args: tuple, caller: Frame) -> None:
+        if len(args) > 1 and args[1] in CODE_ATTRS:
+            o = owner(caller)
+            if o:
+                refuse("monkeypatch", f"{event} {type(args[0]).__name__}.{args[1]} from {where(o)}")
+
+    return judge
+
+
+def _import_judge(owner: Owner, refuse: Refuse) -> Callable[[tuple, Frame], None]:
+    """Judge of ``import`` (rule ``forbidden_library``): the solution importing a module of
+    ``FORBIDDEN_IMPORTS`` or one inside it."""
+    where = _where
+
+    def judge(args: tuple, caller: Frame) -> None:
+        name = str(args[0]) if args else ""
+        if any(name == m or name.startswith(m + ".") for m in FORBIDDEN_IMPORTS):
+            o = owner(caller)
+            if o:
+                refuse("forbidden_library", f"import {name} from {where(o)}")
+
+    return judge
+
+
+def _protected_path_check(protected_dirs: tuple[str, ...]) -> Callable[[Any], str | None]:
+    """The resolved path when a path argument names a protected folder or a file inside one,
+    else None (file descriptors and undecodable paths: None)."""
+    realpath = os.path.realpath
+
+    def protected_path(p: Any) -> str | None:
         if isinstance(p, int) or p is None:
             return None
         try:
@@ -335,118 +580,56 @@ def install(solution_path: str, protected: list[str]) -> AuditRecorder:
             return None
         return path if path.startswith(protected_dirs) or path.rstrip(os.sep) + os.sep in protected_dirs else None
 
-    def refuse(rule: str, evidence: str, block: bool = True) -> None:
-        found.append((rule, evidence))
-        if block:
-            raise PermissionError(f"d2k integrity: {evidence} is not allowed in a solution")
+    return protected_path
 
-    def hook(event: str, args: tuple) -> None:
-        if not state["armed"] or getattr(local, "busy", False):
+
+def _open_judge(protected_path: Callable[[Any], str | None], owner: Owner, involved: Owner,
+                refuse: Refuse) -> Callable[[tuple, Frame], None]:
+    """Judge of ``open``: a process's memory file opened while the solution runs (rule
+    ``host_compute``, the solution anywhere on the stack or not at all), and a protected file
+    opened for writing (rule ``harness_tampering``: by anyone, except byte-code caches written
+    by code other than the solution)."""
+    where = _where
+
+    def judge(args: tuple, caller: Frame) -> None:
+        if mem := proc_memory_file(args[0] if args else None):
+            o = owner(caller) or involved(caller)
+            refuse("host_compute", f"open({mem!r}): a process's memory read or written as a file"
+                   + (f" from {where(o)}" if o else " while the solution ran"))
             return
-        rule = ATTRIBUTED.get(event)
-        if rule is None:  # cheap filters first: this hook sees every audit event of the process
-            if event == "object.__getattr__":
-                if len(args) < 2 or args[1] not in FRAME_ATTRS:
-                    return
-            elif event in ("object.__setattr__", "object.__delattr__"):
-                if len(args) < 2 or args[1] not in CODE_ATTRS:
-                    return
-            elif event == "open":
-                if args and isinstance(args[0], (str, bytes, os.PathLike)) and proc_memory_file(args[0]):
-                    pass  # reading or writing a process's memory: judged below, whoever asks
-                elif len(args) < 3 or not ((isinstance(args[2], int) and args[2] & _WRITE_FLAGS) or
-                                           (isinstance(args[1], str) and any(c in args[1] for c in "wax+"))):
-                    return
-            elif not (event == "import" or event.startswith("ctypes.") or event in _PATH_EVENTS or
-                      event in _CODE_EVENTS):
-                return
-            elif event in _CODE_EVENTS and args and len(args) > 1 and isinstance(args[1], str) and \
-                    args[1].startswith("<") and not args[1].startswith("<frozen"):
-                return  # code named "<string>" and the like is the solution's already
-        local.busy = True
-        try:
-            caller = getframe(1)
-            if rule:
-                if event == "os.kill" and args and args[0] == os.getpid():
-                    return  # signalling itself ends the worker: a crash, reported as such
-                if rule == "introspection" and event.startswith(("sys._getframe", "sys._current")) and \
-                        caller is not None and caller.f_code.co_filename.endswith(SAFE_FRAME_CALLERS) and \
-                        is_stdlib(caller.f_code.co_filename) and not caller.f_code.co_filename.startswith("<"):
-                    return
+        path, mode, flags = (list(args) + [None, None, None])[:3]
+        writing = (isinstance(flags, int) and flags & _WRITE_FLAGS) or \
+            (isinstance(mode, str) and any(c in mode for c in "wax+"))
+        if writing and (p := protected_path(path)):
+            o = owner(caller)
+            if o or not p.endswith(".pyc"):
+                refuse("harness_tampering", f"open({p!r}, {mode or flags!r}) for writing"
+                       + (f" from {where(o)}" if o else ""))
+
+    return judge
+
+
+def _path_judge(protected_path: Callable[[Any], str | None], owner: Owner, involved: Owner,
+                refuse: Refuse) -> Callable[[str, tuple, Frame], None]:
+    """Judge of ``_PATH_EVENTS``: a symbolic link the solution makes that can reach a process's
+    memory file (rule ``host_compute``), and a protected path renamed, removed, linked or changed
+    (rule ``harness_tampering``: by anyone, except byte-code caches by code other than the
+    solution)."""
+    where = _where
+
+    def judge(event: str, args: tuple, caller: Frame) -> None:
+        if event == "os.symlink" and len(args) > 1 and symlink_into_proc(args[0], args[1]) and \
+                (o := owner(caller) or involved(caller)):
+            refuse("host_compute", f"os.symlink({str(args[0])[:80]!r}): a link that can reach a process's "
+                   f"memory file, from {where(o)}")
+            return
+        for i in _PATH_EVENTS[event]:
+            if i < len(args) and (p := protected_path(args[i])):
                 o = owner(caller)
-                if o:
-                    refuse(rule, f"{event} from {where(o)}")
-            elif event.startswith("ctypes."):
-                # the solution anywhere on the stack is enough: a library function handed
-                # ctypes.string_at (or a foreign function) must not launder the call. Neither
-                # Triton (CPU interpreter, NVIDIA backend) nor PyTorch's tensor API calls ctypes;
-                # PyTorch's NVML device count does (SAFE_CTYPES_CALLERS).
-                o = owner(caller) or involved(caller)
-                if o and not library_ctypes(caller, event, args):
-                    refuse("ctypes", f"{event} {str(args[:2])[:80]} from {where(o)}")
-            elif event in _CODE_EVENTS:
-                adopt(event, args, caller)
-            elif event == "object.__getattr__":
-                if len(args) > 1 and args[1] in FRAME_ATTRS:
-                    o = owner(caller)
-                    if o:
-                        refuse("introspection", f"access to .{args[1]} from {where(o)}")
-            elif event in ("object.__setattr__", "object.__delattr__"):
-                if len(args) > 1 and args[1] in CODE_ATTRS:
-                    o = owner(caller)
-                    if o:
-                        refuse("monkeypatch", f"{event} {type(args[0]).__name__}.{args[1]} from {where(o)}")
-            elif event == "import":
-                name = str(args[0]) if args else ""
-                if any(name == m or name.startswith(m + ".") for m in FORBIDDEN_IMPORTS):
-                    o = owner(caller)
-                    if o:
-                        refuse("forbidden_library", f"import {name} from {where(o)}")
-            elif event == "open" and (mem := proc_memory_file(args[0] if args else None)):
-                o = owner(caller) or involved(caller)
-                refuse("host_compute", f"open({mem!r}): a process's memory read or written as a file"
-                       + (f" from {where(o)}" if o else " while the solution ran"))
-            elif event == "open":
-                path, mode, flags = (list(args) + [None, None, None])[:3]
-                writing = (isinstance(flags, int) and flags & _WRITE_FLAGS) or \
-                    (isinstance(mode, str) and any(c in mode for c in "wax+"))
-                if writing and (p := protected_path(path)):
-                    o = owner(caller)
-                    if o or not p.endswith(".pyc"):
-                        refuse("harness_tampering", f"open({p!r}, {mode or flags!r}) for writing"
-                               + (f" from {where(o)}" if o else ""))
-            elif event == "os.symlink" and len(args) > 1 and symlink_into_proc(args[0], args[1]) and \
-                    (o := owner(caller) or involved(caller)):
-                refuse("host_compute", f"os.symlink({str(args[0])[:80]!r}): a link that can reach a process's "
-                       f"memory file, from {where(o)}")
-            else:  # rename, remove, chmod, ... of protected paths
-                for i in _PATH_EVENTS[event]:
-                    if i < len(args) and (p := protected_path(args[i])):
-                        o = owner(caller)
-                        if o or not p.endswith(".pyc"):
-                            refuse("harness_tampering", f"{event}({p!r})" + (f" from {where(o)}" if o else ""))
-        finally:
-            local.busy = False
+                if o or not p.endswith(".pyc"):
+                    refuse("harness_tampering", f"{event}({p!r})" + (f" from {where(o)}" if o else ""))
 
-    def arm() -> None:
-        state["armed"] = True
-
-    def disarm() -> None:
-        state["armed"] = False
-
-    def drain() -> list[tuple[str, str]]:
-        out = list(found)
-        del found[:]
-        return out
-
-    def record(rule: str, evidence: str) -> None:
-        found.append((rule, evidence))
-
-    def armed() -> bool:
-        return state["armed"]
-
-    sys.addaudithook(hook)
-    return AuditRecorder(arm, disarm, drain, record, armed)
+    return judge
 
 
 def solution_caller(solution_path: str, depth: int = 2) -> str | None:
@@ -455,7 +638,7 @@ def solution_caller(solution_path: str, depth: int = 2) -> str | None:
     or was compiled from a string); None when the harness, PyTorch or another library called."""
     std_dirs, site_dirs = _stdlib_dirs()
     scope = solution_scope(solution_path)
-    f = sys._getframe(depth)
+    f: FrameType | None = sys._getframe(depth)
     while f is not None:
         fn = f.f_code.co_filename
         if fn.startswith("<frozen") or (fn.startswith(std_dirs) and not fn.startswith(site_dirs)):

@@ -77,16 +77,17 @@ def kernel_class(name: str, kind: str, triton_names: set[str]) -> str:
 def busy_ms(kernels: list[KernelRecord]) -> float:
     """Length of the union of the kernels' intervals, in ms (overlaps on several streams merged)."""
     spans = sorted((k.start_ns, k.end_ns) for k in kernels)
-    total, cur_s, cur_e = 0, None, None
+    total = 0
+    cur: tuple[int, int] | None = None  # (start, end) of the merged interval being grown
     for s, e in spans:
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
+        if cur is None or s > cur[1]:
+            if cur is not None:
+                total += cur[1] - cur[0]
+            cur = (s, e)
         else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
+            cur = (cur[0], max(cur[1], e))
+    if cur is not None:
+        total += cur[1] - cur[0]
     return total / 1e6
 
 
@@ -135,12 +136,13 @@ def analyse(kernels: list[KernelRecord], windows: list[Window], triton_names: se
                                                     f"{INCONSISTENT_RATIO} x the GPU busy time on fresh inputs "
                                                     f"({fresh * 1e3:.1f} us)"))
     # one finding per rule (the first, with a count)
-    out, seen = [], {}
+    firsts: list[tuple[str, str]] = []
+    count: dict[str, int] = {}
     for rule, ev in findings:
-        seen[rule] = seen.get(rule, 0) + 1
-        if seen[rule] == 1:
-            out.append([rule, ev])
-    return [(r, ev + (f" (and {seen[r] - 1} more)" if seen[r] > 1 else "")) for r, ev in out], summary
+        count[rule] = count.get(rule, 0) + 1
+        if count[rule] == 1:
+            firsts.append((rule, ev))
+    return [(r, ev + (f" (and {count[r] - 1} more)" if count[r] > 1 else "")) for r, ev in firsts], summary
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ Installed by :mod:`d2kbench.harness.worker` *before* the solution is imported:
 
 * the audit hook of :mod:`d2kbench.integrity.audit` (frames, gc, ctypes, processes, writes);
 * a launch counter on ``JITFunction.run`` and the interpreter's ``InterpretedFunction.run``
-  (so launches are counted under ``TRITON_INTERPRET=1`` too);
+  (so launches are counted under ``TRITON_INTERPRET=1`` too; :mod:`d2kbench.integrity.launches`);
 * wrappers on forbidden entry points that are already imported (``torch.compile``,
   ``cpp_extension.load_inline``, ...);
 * an identity snapshot of every function and class the harness relies on (timers, events,
@@ -32,6 +32,7 @@ from pathlib import Path
 
 from d2kbench.checking.aliases import find_aliases
 from d2kbench.integrity import audit, gpu, ops
+from d2kbench.integrity.launches import Launches, describe_launches
 
 # Imports inside functions: monitors installed in the worker: torch, triton and the profiler load when the guard is
 # installed, after the worker's measured torch import.
@@ -67,7 +68,8 @@ CRITICAL = (
 HARNESS_MODULES = ("d2kbench.harness.timing", "d2kbench.harness.worker", "d2kbench.checking.inputs",
                    "d2kbench.checking.aliases",
                    "d2kbench.results", "d2kbench.integrity.guard", "d2kbench.integrity.gpu",
-                   "d2kbench.integrity.ops", "d2kbench.integrity.audit", "d2kbench.tasks.loader")
+                   "d2kbench.integrity.ops", "d2kbench.integrity.audit", "d2kbench.integrity.launches",
+                   "d2kbench.tasks.loader")
 #: Forbidden entry points that may already be imported when the solution runs.
 ENTRY_POINTS = ("torch.compile", "torch._dynamo.optimize", "torch._dynamo.export",
                 "torch.utils.cpp_extension.load", "torch.utils.cpp_extension.load_inline",
@@ -128,75 +130,6 @@ def _describe(obj) -> str:
     code = getattr(obj, "__code__", None)
     where = f" ({Path(code.co_filename).name}:{code.co_firstlineno})" if code is not None else ""
     return f"{mod}.{name}{where}"
-
-
-def _grid_key(grid) -> tuple:
-    """A launch grid as a plain tuple padded to three dimensions (``(8,)`` -> ``(8, 1, 1)``)."""
-    try:
-        dims = tuple(int(g) for g in grid)
-    except TypeError:
-        dims = (int(grid),)
-    return dims + (1,) * (3 - len(dims))
-
-
-class _Launches:
-    """Counts Triton launches by (kernel name, grid) (class-level wrappers on the two ``run``
-    methods; a grid given as a function is recorded with the value it returns)."""
-
-    def __init__(self) -> None:
-        self.counts: Counter = Counter()  # (kernel name, (gx, gy, gz)) -> launches
-        self.installed: list[str] = []
-        from triton.runtime.jit import JITFunction
-
-        classes = [JITFunction]
-        try:
-            from triton.runtime.interpreter import InterpretedFunction
-
-            classes.append(InterpretedFunction)
-        except ImportError:  # pragma: no cover - very old Triton
-            pass
-        counts = self.counts
-        for cls in classes:
-            original = cls.run
-
-            def run(self, *args, _d2k_original=original, **kwargs):
-                if not kwargs.get("warmup", False):
-                    fn = getattr(self, "fn", None)
-                    name = getattr(fn, "__name__", None) or getattr(self, "__name__", "?")
-                    grid = kwargs.get("grid")
-                    if callable(grid):
-                        def spied(meta, _grid=grid, _name=name):
-                            g = _grid(meta)
-                            counts[(_name, _grid_key(g))] += 1
-                            return g
-
-                        kwargs["grid"] = spied
-                    else:
-                        counts[(name, _grid_key(grid) if grid is not None else ())] += 1
-                return _d2k_original(self, *args, **kwargs)
-
-            run.__qualname__ = f"{cls.__name__}.run"
-            run.__doc__ = original.__doc__
-            cls.run = run
-            self.installed.append(f"{cls.__module__}.{cls.__name__}.run")
-
-    def take(self) -> Counter:
-        """Launches by (kernel, grid) since the last take (and reset)."""
-        out = Counter(self.counts)
-        self.counts.clear()
-        return out
-
-    @staticmethod
-    def names(launched: Counter) -> Counter:
-        """Launches by kernel name alone."""
-        out: Counter = Counter()
-        for (name, _grid), n in launched.items():
-            out[name] += n
-        return out
-
-
-def _describe_launches(sig: Counter) -> str:
-    return ", ".join(f"{name}{list(grid)} x{n}" for (name, grid), n in sorted(sig.items())) or "none"
 
 
 #: Ways to reach a tensor's data from host code (rule ``host_compute`` when solution code calls
@@ -280,7 +213,7 @@ class Guard:
         self.trusted = trusted
         self.extra_forbidden = frozenset(task.spec.forbidden.aten_ops)
         self.audit = None
-        self.launches: _Launches | None = None
+        self.launches: Launches | None = None
         self.snapshot: dict[str, tuple] = {}
         self.threads0: set[int] = set()
         self.l2_0: int | None = None
@@ -310,7 +243,7 @@ class Guard:
         protected += [p for p in {*getattr(site, "getsitepackages", lambda: [])(), sysconfig.get_paths()["purelib"],
                                   sysconfig.get_paths()["stdlib"]} if p]
         self.audit = audit.install(self.solution_path, protected)
-        self.launches = _Launches()
+        self.launches = Launches()
         self._wrap_entry_points()
         self._wrap_host_access()
         self.snapshot = self._take_snapshot()
@@ -511,7 +444,7 @@ class Guard:
                 v.append({"rule": "dispatch_mode_tampered", "evidence": "the harness's TorchDispatchMode was no "
                           "longer on top of the mode stack when run() returned"})
             info["violations"] = v + self._common("call")
-            info["launches"] = dict(_Launches.names(launched))
+            info["launches"] = dict(Launches.names(launched))
 
     # ------------------------------------------------------------------ timing
     def timed(self, fn: Callable[[int], object], mode: str, stash_seed: int | None) -> Callable[[int], object]:
@@ -589,8 +522,8 @@ class Guard:
                 common = Counter(sigs).most_common(1)[0][0]
                 odd = [s for s in sigs if s != common]
                 violations.append({"rule": "launch_mismatch", "evidence": f"timed calls on input set {i} launched "
-                                   f"different Triton kernels or grids: usually {_describe_launches(Counter(dict(common)))}, "
-                                   f"once {_describe_launches(Counter(dict(odd[0])))}"})
+                                   f"different Triton kernels or grids: usually {describe_launches(Counter(dict(common)))}, "
+                                   f"once {describe_launches(Counter(dict(odd[0])))}"})
                 break
         for i, calls in sorted(self.signatures.items()):
             empty = sum(1 for c in calls if not sum(c.values()))
@@ -616,7 +549,7 @@ class Guard:
                 fresh = [make_args(s) for s in integ["profile_seeds"]]
                 calls = [(lambda a=a: run(*a)) for a in fresh]
                 kernels, windows, names = gpu.profile_calls(calls, flush,
-                                                            lambda: set(_Launches.names(self.launches.take())))
+                                                            lambda: set(Launches.names(self.launches.take())))
             finally:
                 self.audit.disarm()
             findings, summary = gpu.analyse(kernels, windows, names, timed_mean_ms)

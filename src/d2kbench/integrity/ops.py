@@ -81,7 +81,7 @@ def classify(schema_name: str, extra_forbidden: frozenset[str] | set[str] = froz
 
 def judge(seen: Counter, extra_forbidden: frozenset[str] | set[str] = frozenset()) -> list[tuple[str, str]]:
     """``(rule, evidence)`` for the operators of one call: one entry per rule, naming the ops."""
-    by = {"forbidden": [], "compute": []}
+    by: dict[str, list[str]] = {"forbidden": [], "compute": []}
     for name, n in sorted(seen.items()):
         kind = classify(name, extra_forbidden)
         if kind in by:

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from d2kbench.checking import checks
+from d2kbench.checking.expected import Expected
 from d2kbench.checking.inputs import clone_args, make_args
 from d2kbench.checking.verdict import Checker, WorkerFailure, first_failure
 from d2kbench.integrity.ops import finite_abs_max
@@ -370,9 +371,10 @@ class ParentGuard:
         self.static = [] if trusted or not static else static_violations(solution_path, task.spec.forbidden.modules)
         self.files = files
         self.gpu_name = torch.cuda.get_device_name(0) if device == "cuda" and torch.cuda.is_available() else None
-        self._last: tuple[list, list, object] | None = None  # (inputs, outputs, Expected) of the last check call
+        self._last: tuple[list, list, Expected | None] | None = None  # (inputs, outputs, expected) of the last check call
 
-    def on_reply(self, call: int, reply: dict, pristine: list, last: bool, expected=None) -> list[Violation]:
+    def on_reply(self, call: int, reply: dict, pristine: list, last: bool,
+                 expected: Expected | None = None) -> list[Violation]:
         """Violations of one correctness answer beyond the output checks: the worker's findings
         (plus the static findings with call 0). Keeps the last check call's inputs, outputs and
         expected values (``expected``, a ``Expected`` of ``pristine``) for :meth:`sensitivity`."""
@@ -419,7 +421,10 @@ class ParentGuard:
             return [], violations
         checker = Checker(self.task, reference, workload)
         verify_seed = (extra.get("integrity") or {}).get("verify_seed")
-        r1, v1, r2, v2 = [], [], [], []
+        r1: list[CheckResult] = []
+        r2: list[CheckResult] = []
+        v1: list[Violation] = []
+        v2: list[Violation] = []
         try:
             r1, v1 = check_timed_outputs(reply, checker, reference, workload, seeds, self.device)
             r2, v2 = check_graph_verify(reply, checker, reference, workload, verify_seed, self.device)

@@ -102,6 +102,7 @@ class _Finding:
     what: str
 
     def violation(self, root: Path) -> Violation:
+        where: Path | str
         try:
             where = self.path.relative_to(root)
         except ValueError:

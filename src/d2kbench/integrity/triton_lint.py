@@ -56,7 +56,7 @@ import subprocess
 import sys
 import textwrap
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -216,7 +216,7 @@ def jit_functions(module: types.ModuleType) -> Iterator[tuple[str, types.Functio
         yield name, fn
 
 
-def _function_ast(fn: types.FunctionType) -> tuple[ast.FunctionDef, int, str]:
+def _function_ast(fn: types.FunctionType) -> tuple[ast.FunctionDef | ast.AsyncFunctionDef, int, str]:
     lines, first = inspect.getsourcelines(fn)
     src = textwrap.dedent("".join(lines))
     tree = ast.parse(src)
@@ -224,7 +224,7 @@ def _function_ast(fn: types.FunctionType) -> tuple[ast.FunctionDef, int, str]:
     return node, first, inspect.getsourcefile(fn) or "<unknown>"
 
 
-def _local_names(node: ast.FunctionDef) -> set[str]:
+def _local_names(node: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
     a = node.args
     names = {x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)}
     names |= {x.arg for x in (a.vararg, a.kwarg) if x is not None}
@@ -240,7 +240,7 @@ def _local_names(node: ast.FunctionDef) -> set[str]:
     return names
 
 
-def _body_nodes(node: ast.FunctionDef) -> Iterator[ast.AST]:
+def _body_nodes(node: ast.FunctionDef | ast.AsyncFunctionDef) -> Iterator[ast.AST]:
     """Every node of the body (not the decorators, argument defaults or annotations)."""
     for stmt in node.body:
         yield from ast.walk(stmt)
@@ -363,20 +363,20 @@ def check_file_in_process(path: str | Path) -> list[Finding]:
         sys.modules.pop(module.__name__, None)
 
 
-def check_files(paths: list[str | Path], timeout_s: float = 300.0) -> dict[str, list[Finding]]:
+def check_files(paths: Sequence[str | Path], timeout_s: float = 300.0) -> dict[str, list[Finding]]:
     """Check files in one child process (``TRITON_INTERPRET=1``): importing a file runs its code,
     which must not touch this process. If the child fails, each file is retried in its own child.
 
     Returns:
         ``{resolved path: findings}``; a ``triton_lint_error`` finding for a file whose check failed.
     """
-    paths = [str(Path(p).resolve()) for p in paths]
-    if not paths:
+    resolved = [str(Path(p).resolve()) for p in paths]
+    if not resolved:
         return {}
-    out = _run_child(paths, timeout_s)
+    out = _run_child(resolved, timeout_s)
     if out is None:
         out = {}
-        for p in paths:
+        for p in resolved:
             one = _run_child([p], timeout_s)
             out[p] = one[p] if one is not None and p in one else [
                 Finding("triton_lint_error", p, 0, "<module>", "", "the lint child failed or timed out")]

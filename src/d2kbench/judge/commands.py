@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -23,7 +23,7 @@ console = Console()
 _options = parse_options  # ``KEY=VALUE`` backend options, shared with `d2k run`
 
 
-def _fail(message: str, code: int = 2) -> None:
+def _fail(message: str, code: int = 2) -> NoReturn:
     print_error(console, message)
     raise typer.Exit(code)
 

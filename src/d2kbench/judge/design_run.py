@@ -23,14 +23,14 @@ import hashlib
 import json
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from d2kbench.agents.backends import BackendError, MalformedOutputError, get_backend
-from d2kbench.agents.pricing import load_prices
 from d2kbench.agents.recording import RunRecorder, task_leak_paths
-from d2kbench.agents.runner import backend_keys
+from d2kbench.agents.runner import backend_keys, prices_or_event
 from d2kbench.agents.workspace import TARGET_GPU
 from d2kbench.judge.design_schema import SCHEMA_VERSION, ModelDesign, validate_design
 from d2kbench.judge.jsonschemas import provider_schema
@@ -171,21 +171,10 @@ def run_design(spec: DesignRunSpec, *, store_path: str | Path, runs_root: str | 
     task = load_task(spec.task)
     system, user, version = design_prompts(task, spec.budget_turns)
     tool = submit_tool()
-    store.start_run(run_id, task=spec.task, model=spec.model, backend=spec.backend, guidance=DESIGN_GUIDANCE,
-                    seed=spec.seed, budget_turns=spec.budget_turns, campaign=spec.campaign, run_key=key,
-                    attempt=attempt, config={**spec.model_dump(mode="json"), "run_dir": str(run_dir),
-                                             "prompt_version": version, "design_schema_version": SCHEMA_VERSION,
-                                             "tool_schema_sha256": hashlib.sha256(
-                                                 json.dumps(tool, sort_keys=True).encode()).hexdigest()})
-    try:
-        prices = load_prices()
-    except (FileNotFoundError, ValueError) as e:
-        prices = None
-        store.add_event(run_id, 0, "error", {"kind": "prices", "message": str(e)})
-    rec = RunRecorder(store, run_id, prices, task_leak_paths(task.root))
-    status, exit_reason, error = "failed", None, None
-    design: dict | None = None
-    submissions, rejected, turn, malformed = 0, 0, 0, 0
+    _start_run(store, spec, run_id, attempt, run_dir, version, tool)
+    rec = RunRecorder(store, run_id, prices_or_event(store, run_id), task_leak_paths(task.root))
+    session = _Session()
+    status = "failed"
     messages: list[dict] = [{"role": "user", "content": user}]
     rec.event(0, "message", {"role": "user", "content": user})
     say(f"design run {run_id}: {spec.task} | {spec.model} ({spec.backend}), budget {spec.budget_turns} turns")
@@ -193,85 +182,149 @@ def run_design(spec: DesignRunSpec, *, store_path: str | Path, runs_root: str | 
         if backend is None:
             backend = get_backend(spec.backend, spec.model, spec.base_url, **spec.backend_options)
         store.add_secrets(backend_keys(backend))
-        while design is None:
-            if turn >= spec.budget_turns:
-                exit_reason = "budget"
-                break
-            try:
-                comp = backend.complete(messages, system=system, tools=[tool], max_tokens=spec.max_tokens)
-            except MalformedOutputError as e:
-                malformed += 1
-                rec.event(turn, "error", {"kind": "malformed", "message": str(e), "attempt": malformed})
-                if malformed >= 3:
-                    exit_reason, error = "provider_error", f"{malformed} malformed responses in a row; last: {e}"
-                    break
-                continue
-            malformed = 0
-            turn += 1
-            rec.turn(turn, comp.usage, comp.model or spec.model, retries=comp.retries)
-            messages.append(comp.message())
-            rec.event(turn, "message", {"role": "assistant", "content": comp.text, "stop_reason": comp.stop_reason,
-                                        "tool_calls": [tc.model_dump(exclude_none=True) for tc in comp.tool_calls]})
-            if not comp.tool_calls:
-                messages.append({"role": "user", "content": NUDGE})
-                rec.event(turn, "message", {"role": "user", "content": NUDGE})
-                say(f"turn {turn}: no submission")
-                continue
-            for tc in comp.tool_calls:
-                rec.event(turn, "tool_call", tc.model_dump(exclude_none=True))
-                is_error = True
-                if tc.arguments_error:
-                    text = f"error: {tc.arguments_error}. Call {SUBMIT_TOOL} again with a JSON object."
-                elif tc.name != SUBMIT_TOOL:
-                    text = f"unknown tool {tc.name!r}: the only tool of this session is {SUBMIT_TOOL}"
-                elif design is not None:
-                    text = "A design was already accepted in this response; this call is ignored."
-                else:
-                    submissions += 1
-                    _, problems = validate_design(tc.arguments, spec.task)
-                    if problems:
-                        rejected += 1
-                        text = _rejection(problems)
-                        rec.event(turn, "design_rejected", {"submission": submissions, "problems": problems})
-                        say(f"turn {turn}: submission {submissions} rejected ({len(problems)} problem"
-                            f"{'s' if len(problems) != 1 else ''})")
-                    else:
-                        design, is_error = dict(tc.arguments), False
-                        text = "Design accepted. The session is over."
-                        rec.event(turn, "design_accepted", {"submission": submissions})
-                        say(f"turn {turn}: submission {submissions} accepted")
-                messages.append({"role": "tool", "tool_call_id": tc.id, "content": text, "is_error": is_error})
-                rec.event(turn, "tool_result", {"tool_call_id": tc.id, "name": tc.name, "ok": not is_error,
-                                                "content": text[:4000]})
-        if design is not None:
-            exit_reason = "completed"
-        status = "finished" if exit_reason in ("completed", "budget") else "failed"
+        _converse(backend, spec, system, tool, messages, rec, session, say)
+        if session.design is not None:
+            session.exit_reason = "completed"
+        status = "finished" if session.exit_reason in ("completed", "budget") else "failed"
     except BackendError as e:
-        exit_reason, error = ("config_error" if e.kind == "config" else "provider_error"), str(e)
-        store.add_event(run_id, turn, "error", {"kind": e.kind, "message": str(e)})
+        session.exit_reason, session.error = ("config_error" if e.kind == "config" else "provider_error"), str(e)
+        store.add_event(run_id, session.turn, "error", {"kind": e.kind, "message": str(e)})
     except Exception as e:  # noqa: BLE001 - recorded, never lost
-        exit_reason, error = "harness_error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=6)}"
-        store.add_event(run_id, turn, "error", {"kind": "harness", "message": error})
+        session.exit_reason = "harness_error"
+        session.error = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=6)}"
+        store.add_event(run_id, session.turn, "error", {"kind": "harness", "message": session.error})
     finally:
         if backend is not None:
             backend.close()
-    design_path = None
-    if design is not None:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        design_path = run_dir / "model_design.json"
-        design_path.write_text(json.dumps(design, indent=2, ensure_ascii=False) + "\n")
+    design_path = _write_design(session.design, run_dir)
     rec.finalize_totals()
+    _finish_run(store, run_id, status, session, rec, version, design_path, say)
+    return DesignRunOutcome(run_id=run_id, status=status, exit_reason=session.exit_reason, error=session.error,
+                            turns=rec.turns, submissions=session.submissions, accepted=session.design is not None,
+                            design_path=str(design_path) if design_path else None, cost_usd=rec.cost_usd)
 
+
+@dataclass
+class _Session:
+    """Where a design session stands, updated response by response: the accepted design (None
+    until one is), submissions made and rejected, model responses so far (``turn``), malformed
+    responses in a row, and why it ended (``exit_reason``, ``error``: None while it runs)."""
+
+    design: dict | None = None
+    submissions: int = 0
+    rejected: int = 0
+    turn: int = 0
+    malformed: int = 0
+    exit_reason: str | None = None
+    error: str | None = None
+
+
+def _start_run(store: Store, spec: DesignRunSpec, run_id: str, attempt: int, run_dir: Path, version: str,
+               tool: dict) -> None:
+    """Record the run's row (``running``) with its configuration: the spec, the run folder, the
+    prompt and design-schema versions and the SHA-256 of the submit tool's schema."""
+    store.start_run(run_id, task=spec.task, model=spec.model, backend=spec.backend, guidance=DESIGN_GUIDANCE,
+                    seed=spec.seed, budget_turns=spec.budget_turns, campaign=spec.campaign, run_key=spec.key(),
+                    attempt=attempt, config={**spec.model_dump(mode="json"), "run_dir": str(run_dir),
+                                             "prompt_version": version, "design_schema_version": SCHEMA_VERSION,
+                                             "tool_schema_sha256": hashlib.sha256(
+                                                 json.dumps(tool, sort_keys=True).encode()).hexdigest()})
+
+
+def _converse(backend, spec: DesignRunSpec, system: str, tool: dict, messages: list[dict], rec: RunRecorder,
+              session: _Session, say: Callable[[str], None]) -> None:
+    """Ask the model, response by response, until a design is accepted, the turn budget is spent
+    (``exit_reason="budget"``) or three malformed responses come in a row
+    (``"provider_error"``). A response without a tool call gets ``NUDGE``; each tool call gets
+    its answer as a tool result. ``messages`` and ``session`` are updated in place.
+
+    Raises:
+        BackendError: the provider failed (the caller records it).
+    """
+    while session.design is None:
+        if session.turn >= spec.budget_turns:
+            session.exit_reason = "budget"
+            return
+        try:
+            comp = backend.complete(messages, system=system, tools=[tool], max_tokens=spec.max_tokens)
+        except MalformedOutputError as e:
+            session.malformed += 1
+            rec.event(session.turn, "error", {"kind": "malformed", "message": str(e), "attempt": session.malformed})
+            if session.malformed >= 3:
+                session.exit_reason = "provider_error"
+                session.error = f"{session.malformed} malformed responses in a row; last: {e}"
+                return
+            continue
+        session.malformed = 0
+        session.turn += 1
+        turn = session.turn
+        rec.turn(turn, comp.usage, comp.model or spec.model, retries=comp.retries)
+        messages.append(comp.message())
+        rec.event(turn, "message", {"role": "assistant", "content": comp.text, "stop_reason": comp.stop_reason,
+                                    "tool_calls": [tc.model_dump(exclude_none=True) for tc in comp.tool_calls]})
+        if not comp.tool_calls:
+            messages.append({"role": "user", "content": NUDGE})
+            rec.event(turn, "message", {"role": "user", "content": NUDGE})
+            say(f"turn {turn}: no submission")
+            continue
+        for tc in comp.tool_calls:
+            rec.event(turn, "tool_call", tc.model_dump(exclude_none=True))
+            text, is_error = _answer_call(tc, spec.task, rec, session, say)
+            messages.append({"role": "tool", "tool_call_id": tc.id, "content": text, "is_error": is_error})
+            rec.event(turn, "tool_result", {"tool_call_id": tc.id, "name": tc.name, "ok": not is_error,
+                                            "content": text[:4000]})
+
+
+def _answer_call(tc, task_id: str, rec: RunRecorder, session: _Session,
+                 say: Callable[[str], None]) -> tuple[str, bool]:
+    """``(tool result text, is_error)`` of one tool call: a submission is validated against the
+    design schema (``session.design`` is set when it is accepted, the first one only); bad
+    arguments, another tool, or a second submission after an accepted one are errors."""
+    turn = session.turn
+    if tc.arguments_error:
+        return f"error: {tc.arguments_error}. Call {SUBMIT_TOOL} again with a JSON object.", True
+    if tc.name != SUBMIT_TOOL:
+        return f"unknown tool {tc.name!r}: the only tool of this session is {SUBMIT_TOOL}", True
+    if session.design is not None:
+        return "A design was already accepted in this response; this call is ignored.", True
+    session.submissions += 1
+    _, problems = validate_design(tc.arguments, task_id)
+    if problems:
+        session.rejected += 1
+        text = _rejection(problems)
+        rec.event(turn, "design_rejected", {"submission": session.submissions, "problems": problems})
+        say(f"turn {turn}: submission {session.submissions} rejected ({len(problems)} problem"
+            f"{'s' if len(problems) != 1 else ''})")
+        return text, True
+    session.design = dict(tc.arguments)
+    rec.event(turn, "design_accepted", {"submission": session.submissions})
+    say(f"turn {turn}: submission {session.submissions} accepted")
+    return "Design accepted. The session is over.", False
+
+
+def _write_design(design: dict | None, run_dir: Path) -> Path | None:
+    """Write the accepted design to ``<run_dir>/model_design.json``; its path, or None when no
+    design was accepted."""
+    if design is None:
+        return None
+    run_dir.mkdir(parents=True, exist_ok=True)
+    design_path = run_dir / "model_design.json"
+    design_path.write_text(json.dumps(design, indent=2, ensure_ascii=False) + "\n")
+    return design_path
+
+
+def _finish_run(store: Store, run_id: str, status: str, session: _Session, rec: RunRecorder, version: str,
+                design_path: Path | None, say: Callable[[str], None]) -> None:
+    """Close the run's row (status, exit reason, cost in US$ or None when a model has no price,
+    the summary with the design and its SHA-256) and the store."""
+    design = session.design
     summary = {"design": design, "design_sha256": design_sha256(design) if design else None,
-               "design_path": str(design_path) if design_path else None, "submissions": submissions,
-               "rejected_submissions": rejected, "turns": rec.turns, "usage": rec.usage.model_dump(),
+               "design_path": str(design_path) if design_path else None, "submissions": session.submissions,
+               "rejected_submissions": session.rejected, "turns": rec.turns, "usage": rec.usage.model_dump(),
                "unpriced_models": sorted(rec.unpriced), "prompt_version": version}
-    store.finish_run(run_id, status=status, exit_reason=exit_reason, error=error, cost_usd=rec.cost_usd,
-                     summary=summary)
+    store.finish_run(run_id, status=status, exit_reason=session.exit_reason, error=session.error,
+                     cost_usd=rec.cost_usd, summary=summary)
     store.close()
-    say(f"design run {run_id}: {status} ({exit_reason}); {submissions} submissions, "
+    say(f"design run {run_id}: {status} ({session.exit_reason}); {session.submissions} submissions, "
         f"{'accepted' if design else 'no accepted design'}; cost "
         + (f"${rec.cost_usd:.4f}" if rec.cost_usd is not None else f"unknown (no price for {', '.join(sorted(rec.unpriced))})"))
-    return DesignRunOutcome(run_id=run_id, status=status, exit_reason=exit_reason, error=error, turns=rec.turns,
-                            submissions=submissions, accepted=design is not None,
-                            design_path=str(design_path) if design_path else None, cost_usd=rec.cost_usd)

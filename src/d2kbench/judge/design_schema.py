@@ -140,17 +140,18 @@ class ModelDesign(_Strict):
     @model_validator(mode="after")
     def _references(self) -> ModelDesign:
         problems = []
-        ids = [e.id for e in (*self.L1, *self.L2, *self.L3)]
+        entries: list[L1Entry | L2Entry | L3Entry] = [*self.L1, *self.L2, *self.L3]
+        ids = [e.id for e in entries]
         dup = sorted({i for i in ids if ids.count(i) > 1})
         if dup:
             problems.append(f"entry ids must be unique across L1, L2 and L3 (repeated: {', '.join(dup)})")
-        l1, l12 = {e.id for e in self.L1}, {e.id for e in (*self.L1, *self.L2)}
+        l1, l12 = {e.id for e in self.L1}, {e.id for e in entries[:len(self.L1) + len(self.L2)]}
         for k, e in enumerate(self.L2):
             for ref in e.builds_on:
                 if ref not in l1:
                     problems.append(f"/L2/{k}/builds_on: {ref!r} is not the id of an L1 entry")
-        for k, e in enumerate(self.L3):
-            for ref in e.serves:
+        for k, entry in enumerate(self.L3):
+            for ref in entry.serves:
                 if ref not in l12:
                     problems.append(f"/L3/{k}/serves: {ref!r} is not the id of an L1 or L2 entry")
         stages = [s.id for s in self.dataflow.stages]

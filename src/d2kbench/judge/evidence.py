@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from d2kbench.judge.sourcelines import BLANK, CODE, COMMENT, DECLARATIVE, DOCSTRING, SourceError, SourceFile
@@ -121,15 +122,16 @@ def _common(level: str, verdict: ImplLevel | DesignLevel, properties: list[str],
         check.errors.append(f"{level}: {n} evidence items, at most {MAX_EVIDENCE} are allowed")
     if not verdict.realised:
         check.errors.append(f"{level}: score {verdict.score:g} but no property listed as realised")
-    seen = []
-    for i, ev in enumerate(verdict.evidence, 1):
+    evidence: Sequence[CodeCitation | DesignQuote] = verdict.evidence
+    seen: list[str] = []
+    for i, ev in enumerate(evidence, 1):
         key = ev.model_dump_json()
         if key in seen:
             check.errors.append(f"{level} evidence {i}: repeats evidence {seen.index(key) + 1}")
         seen.append(key)
         if ev.supports not in verdict.realised:
             check.errors.append(f"{level} evidence {i}: supports {ev.supports!r}, which is not listed as realised")
-    unsupported = [p for p in verdict.realised if p in props and not any(e.supports == p for e in verdict.evidence)]
+    unsupported = [p for p in verdict.realised if p in props and not any(e.supports == p for e in evidence)]
     if unsupported:
         check.errors.append(f"{level}: realised properties without evidence: {', '.join(unsupported)}")
 

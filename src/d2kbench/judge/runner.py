@@ -252,6 +252,13 @@ def judge(subject: ImplSubject | DesignSubject, cfg: JudgeConfig, *, store=None,
 
 
 def _judge(subject, cfg: JudgeConfig, store, lazy: _LazyBackend, sample: int, say) -> JudgeRecord:
+    """One verdict on ``subject`` (sample ``sample``): the cached one for the same inputs, a
+    zero verdict without a model call when there is nothing to judge, else the model's answer
+    verified (with one repair round when ``cfg.repair`` and the first answer had problems).
+
+    Raises:
+        JudgeError: no valid verdict after the repair round.
+    """
     task = subject.task
     if store is not None:
         store.add_secrets(secret_values(cfg.options))  # a judge's API key never reaches a verdict
@@ -262,27 +269,8 @@ def _judge(subject, cfg: JudgeConfig, store, lazy: _LazyBackend, sample: int, sa
                   "verifier_version": VERIFIER_VERSION}
     runnable = subject.eligible if kind == "impl" else subject.design is not None
     if not runnable:
-        status = "ineligible" if kind == "impl" else "no_design"
-        judge_info["prompt_version"] = "none"
-        digest = input_hash({"kind": kind, "status": status, "target": subject.target, "reason": subject.reason,
-                             "judge": cfg.key(), "sample": sample})
-        cached = _from_cache(store, digest, subject.target, subject.meta)
-        if cached:
-            return cached
-        say(f"{subject.target}: {status} ({subject.reason}): every level scores 0, no model call")
-        rec = JudgeRecord(kind=kind, task=task.id, target=subject.target, status=status, reason=subject.reason,
-                          judge=judge_info, input_hash=digest, sample=sample, levels=_zero_levels(subject.reason),
-                          js=0.0, subject=subject.meta)
-        return _store(store, rec)
-
-    if kind == "impl":
-        prompt: JudgePrompt = impl_prompt(task, subject.candidate, expert_source(task))
-        context = {"files": {subject.candidate.name: subject.candidate}}
-    else:
-        prompt = design_prompt(task, subject.design)
-        context = {"leaves": design_leaves(subject.design),
-                   "criteria": {**criteria_texts(task.guidance, task.rubric),
-                                "task description": task.spec.description}}
+        return _unjudged(subject, cfg, store, kind, judge_info, sample, say)
+    prompt, context = _prompt_and_context(kind, subject)
     judge_info["prompt_version"] = prompt.version
     schema = provider_schema(VERDICT_MODELS[kind], strict=True)
     digest = input_hash({"kind": kind, "prompt": prompt.fingerprint(), "rubric_version": task.rubric.version,
@@ -292,8 +280,58 @@ def _judge(subject, cfg: JudgeConfig, store, lazy: _LazyBackend, sample: int, sa
     if cached:
         say(f"{subject.target}: cached verdict {cached.verdict_id} (input hash {digest[:12]})")
         return cached
+    final_levels, summary, attempts, usages = _ask_and_verify(subject, cfg, lazy, kind, prompt, schema, context, say)
+    total = Usage.total(usages)
+    rec = JudgeRecord(kind=kind, task=task.id, target=subject.target, status="judged", reason=subject.reason,
+                      judge=judge_info, input_hash=digest, sample=sample, levels=final_levels,
+                      js=judge_score({lvl: final_levels[lvl].score for lvl in LEVELS}), summary=summary,
+                      attempts=attempts, usage=total.model_dump(), cost_usd=_price(total, cfg.model),
+                      subject=subject.meta)
+    return _store(store, rec)
 
-    props = rubric_properties(task.rubric)
+
+def _unjudged(subject, cfg: JudgeConfig, store, kind: str, judge_info: dict, sample: int, say) -> JudgeRecord:
+    """The verdict of a subject with nothing to judge (an ineligible implementation, a design run
+    without a design): every level scores 0, no model call; cached like any verdict."""
+    status = "ineligible" if kind == "impl" else "no_design"
+    judge_info["prompt_version"] = "none"
+    digest = input_hash({"kind": kind, "status": status, "target": subject.target, "reason": subject.reason,
+                         "judge": cfg.key(), "sample": sample})
+    cached = _from_cache(store, digest, subject.target, subject.meta)
+    if cached:
+        return cached
+    say(f"{subject.target}: {status} ({subject.reason}): every level scores 0, no model call")
+    rec = JudgeRecord(kind=kind, task=subject.task.id, target=subject.target, status=status, reason=subject.reason,
+                      judge=judge_info, input_hash=digest, sample=sample, levels=_zero_levels(subject.reason),
+                      js=0.0, subject=subject.meta)
+    return _store(store, rec)
+
+
+def _prompt_and_context(kind: str, subject) -> tuple[JudgePrompt, dict]:
+    """The judge's prompt for ``subject`` and the context its evidence is verified against: the
+    candidate's file (``impl``), or the design's leaves and the texts of the criteria (``design``)."""
+    task = subject.task
+    if kind == "impl":
+        prompt: JudgePrompt = impl_prompt(task, subject.candidate, expert_source(task))
+        context: dict = {"files": {subject.candidate.name: subject.candidate}}
+    else:
+        prompt = design_prompt(task, subject.design)
+        context = {"leaves": design_leaves(subject.design),
+                   "criteria": {**criteria_texts(task.guidance, task.rubric),
+                                "task description": task.spec.description}}
+    return prompt, context
+
+
+def _ask_and_verify(subject, cfg: JudgeConfig, lazy: _LazyBackend, kind: str, prompt: JudgePrompt, schema: dict,
+                    context: dict, say) -> tuple[dict[str, LevelResult], str, list[Attempt], list[Usage]]:
+    """Ask the judge model, parse and verify its verdict; when ``cfg.repair`` and the first
+    answer had problems, ask once more with them and take the repaired levels where the first
+    answer's failed. Returns ``(levels, summary, attempts, usages)``.
+
+    Raises:
+        JudgeError: no valid verdict after the repair round.
+    """
+    props = rubric_properties(subject.task.rubric)
     backend = lazy.get()
     messages = prompt.messages()
     attempts: list[Attempt] = []
@@ -333,14 +371,7 @@ def _judge(subject, cfg: JudgeConfig, store, lazy: _LazyBackend, sample: int, sa
         problems = "; ".join(attempts[-1].problems) or "no answer"
         raise JudgeError(f"the judge ({cfg.backend}:{cfg.model}) gave no valid {kind} verdict"
                          f"{' after the repair round' if len(attempts) > 1 else ''}: {problems}")
-
-    total = Usage.total(usages)
-    rec = JudgeRecord(kind=kind, task=task.id, target=subject.target, status="judged", reason=subject.reason,
-                      judge=judge_info, input_hash=digest, sample=sample, levels=final_levels,
-                      js=judge_score({lvl: final_levels[lvl].score for lvl in LEVELS}), summary=summary,
-                      attempts=attempts, usage=total.model_dump(), cost_usd=_price(total, cfg.model),
-                      subject=subject.meta)
-    return _store(store, rec)
+    return final_levels, summary, attempts, usages
 
 
 def judge_samples(subject: ImplSubject | DesignSubject, cfg: JudgeConfig, samples: int = 1, *, store=None,

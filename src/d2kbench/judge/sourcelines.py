@@ -66,6 +66,13 @@ def numbered_listing(text: str, width: int | None = None) -> str:
     return "\n".join(f"{i:>{w}}\t{line}" for i, line in enumerate(lines, 1))
 
 
+def _end(node: ast.stmt | ast.expr) -> tuple[int, int]:
+    """``(end_lineno, end_col_offset)`` of a node of a parsed tree (:func:`ast.parse` sets both;
+    only a node built by hand lacks them: then its start)."""
+    line = node.end_lineno if node.end_lineno is not None else node.lineno
+    return line, node.end_col_offset if node.end_col_offset is not None else node.col_offset
+
+
 def _string_statements(tree: ast.AST, lines: list[str]) -> list[tuple[tuple[int, int], tuple[int, int]]]:
     """Spans ``((line, col), (end_line, end_col))`` (character columns, as :mod:`tokenize`
     reports them) of expression statements that are a bare string constant: docstrings of
@@ -78,8 +85,8 @@ def _string_statements(tree: ast.AST, lines: list[str]) -> list[tuple[tuple[int,
     spans = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
-            spans.append(((node.lineno, chars(node.lineno, node.col_offset)),
-                          (node.end_lineno, chars(node.end_lineno, node.end_col_offset))))
+            end_line, end_col = _end(node)
+            spans.append(((node.lineno, chars(node.lineno, node.col_offset)), (end_line, chars(end_line, end_col))))
     return spans
 
 
@@ -179,13 +186,15 @@ def line_roles(text: str) -> list[str | None]:
             decorators += node.decorator_list
         if not isinstance(node, ast.stmt):
             continue
-        span, role = node.end_lineno - node.lineno, _statement_role(node)
-        for ln in range(node.lineno, min(node.end_lineno, len(lines)) + 1):
-            if best[ln] is None or span <= best[ln][0]:
+        end_line = _end(node)[0]
+        span, role = end_line - node.lineno, _statement_role(node)
+        for ln in range(node.lineno, min(end_line, len(lines)) + 1):
+            held = best[ln]
+            if held is None or span <= held[0]:
                 best[ln] = (span, role)
     roles: list[str | None] = [b[1] if b else None for b in best[1:]]
     for d in decorators:
-        for ln in range(d.lineno, min(d.end_lineno, len(lines)) + 1):
+        for ln in range(d.lineno, min(_end(d)[0], len(lines)) + 1):
             roles[ln - 1] = DECORATOR
     for i, line in enumerate(lines):
         bare = line.split("#", 1)[0].strip()
@@ -250,7 +259,7 @@ def reachable_lines(text: str, entry: str = ENTRY_POINT) -> set[int] | None:
     for (node, _), ok in zip(units, reached):
         if ok:
             first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
-            out.update(range(first, node.end_lineno + 1))
+            out.update(range(first, _end(node)[0] + 1))
     return out
 
 

@@ -97,7 +97,7 @@ class DesignVerdict(_Strict):
     summary: str = Field(description="Two or three sentences on the design as a whole.")
 
 
-VERDICT_MODELS: dict[str, type[BaseModel]] = {"impl": ImplVerdict, "design": DesignVerdict}
+VERDICT_MODELS: dict[str, type[ImplVerdict] | type[DesignVerdict]] = {"impl": ImplVerdict, "design": DesignVerdict}
 
 
 class MalformedVerdict(ValueError):

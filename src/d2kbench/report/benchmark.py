@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from d2kbench.harness.benchmark import BenchmarkResult
@@ -59,7 +60,7 @@ class BoundBar:
         """(workload, bound, bar text, measured value, passed) per timed workload; a workload
         the solution failed (no rate) fails the bar."""
         rates = {r.workload: r for r in bench.rates.get(self.solution, [])}
-        out = []
+        out: list[tuple[str, str, str, float | None, bool]] = []
         for res in bench.run(self.solution).results:
             if res.correctness_only:
                 continue
@@ -126,7 +127,7 @@ def _memory_lines(bench: BenchmarkResult, sols: list[str], workloads: list[str])
             *[f"| {w} | " + " | ".join(cells[s, w] for s in sols) + " |" for w in workloads]]
 
 
-def to_markdown(bench: BenchmarkResult, bars: list[Bar] = (), bound_bars: list[BoundBar] = ()) -> str:
+def to_markdown(bench: BenchmarkResult, bars: Sequence[Bar] = (), bound_bars: Sequence[BoundBar] = ()) -> str:
     """A markdown page: environment, latencies, speedups, achieved rates, bars."""
     env = bench.env
     sols = [r.solution for r in bench.runs]
@@ -174,9 +175,9 @@ def to_markdown(bench: BenchmarkResult, bars: list[Bar] = (), bound_bars: list[B
     if bars or bound_bars:
         lines += ["", "## Bars", "", "| bar | workload | measured | result |", "|---|---|---|---|"]
         for bar in bars:
-            for w, s, ok in bar.check(bench):
+            for w, speedup, ok in bar.check(bench):
                 lines.append(f"| {bar.solution} / {bar.over} >= {bar.factor} | {w} | "
-                             f"{'-' if s is None else f'{s:.3f}x'} | {'PASS' if ok else 'FAIL'} |")
+                             f"{'-' if speedup is None else f'{speedup:.3f}x'} | {'PASS' if ok else 'FAIL'} |")
         for bb in bound_bars:
             for w, bound, text, v, ok in bb.check(bench):
                 lines.append(f"| {bb.solution}: {bound}-bound, {text} | {w} | {fmt_opt(v, '.2f')} | {'PASS' if ok else 'FAIL'} |")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 from d2kbench.report import figures, tables
 from d2kbench.report.data import ReportData
@@ -120,7 +120,9 @@ def build_pages(data: ReportData, sheet: ScoreSheet, specs: Mapping[str, TaskSpe
         fig3 = fig4 = None
         footnote = sheet.missing_summary()
         if with_figures:
-            scores = {row[0]: dict(zip(levels, row[1:])) for row in ablation.rows[:-1]}
+            # ablation_table's rows: the model, then S_perf (a float, or None) per level
+            scores = cast("dict[str, dict[str, float | None]]",
+                          {row[0]: dict(zip(levels, row[1:])) for row in ablation.rows[:-1]})
             fig3, fig4 = "figures/fig3_ablation.png", "figures/fig4_trajectory.png"
             written.append(figures.ablation_figure(scores, levels, out_dir / fig3, footnote))
             written.append(figures.trajectory_figure(series, overall, out_dir / fig4, footnote))

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -189,7 +191,7 @@ def settled(rows) -> tuple[list, dict[str, str]]:
     (:func:`experiment`; attempts of a planned run share it whatever their run key) only the
     latest settled attempt counts: the highest attempt number, then the latest start.
     """
-    latest: dict[tuple, object] = {}
+    latest: dict[tuple, Any] = {}  # a run row (sqlite3.Row or dict) per experiment
     skipped: dict[str, str] = {}
     for row in rows:
         if row["status"] in UNSETTLED:
@@ -206,7 +208,7 @@ def settled(rows) -> tuple[list, dict[str, str]]:
     return list(latest.values()), dict(sorted(skipped.items()))
 
 
-def _run_record(row, cands: list[CandidateRecord], incomplete: list[str] = ()) -> RunRecord:
+def _run_record(row, cands: list[CandidateRecord], incomplete: Sequence[str] = ()) -> RunRecord:
     return RunRecord(run_id=row["run_id"], task=row["task"], model=row["model"], guidance=row["guidance"],
                      campaign=row["campaign"], backend=row["backend"], seed=row["seed"],
                      budget_turns=row["budget_turns"], status=row["status"], candidates=cands,
@@ -321,22 +323,9 @@ def load(store: Store, selection: Selection | None = None, hardware: str | None 
     envs = store.evaluation_envs()
     states = store.evaluation_states()
     hw = {eid: hardware_of(env) for eid, env in envs.items()}
-    all_rows = store.run_rows(sel.campaigns, sel.tasks, sel.models, sel.guidance, sel.seeds)
-    borrowed: dict[str, str] = {}
-    if sel.campaigns:  # a planned experiment another campaign ran is done for these plans too
-        planned = planned_keys(store, sel.campaigns)
-        have = {r["run_id"] for r in all_rows}
-        extra = [r for r in store.run_rows(None, sel.tasks, sel.models, sel.guidance, sel.seeds)
-                 if r["run_id"] not in have and r["run_key"] in planned]
-        borrowed = {r["run_id"]: r["campaign"] or "no campaign" for r in extra}
-        all_rows = [*all_rows, *extra]
+    all_rows, borrowed = _selected_rows(store, sel)
     run_rows, skipped = settled(all_rows)
-    pool_rows = []
-    if baseline is not None and baseline.kind == "model":
-        pool_rows = store.run_rows(sel.campaigns, sel.tasks, [baseline.name], [UNGUIDED], sel.seeds)
-    elif baseline is not None and baseline.kind == "run":
-        pool_rows = store.run_rows(run_ids=[baseline.name])
-    pool_rows = settled(pool_rows)[0]
+    pool_rows = _pool_rows(store, sel, baseline)
     by_id = {r["run_id"]: r for r in [*run_rows, *pool_rows]}
     stored = stored_candidates(store, list(by_id), hw, states)
     cands = stored.by_run
@@ -351,44 +340,113 @@ def load(store: Store, selection: Selection | None = None, hardware: str | None 
     seen = {h for cs in cands.values() for _, h in cs if h} | {hw[r["eval_id"]] for r in sol_rows if r["eval_id"] in hw}
     ev_task = store.evaluation_tasks()
     unfinished = {e for e, st in states.items() if st != "complete" and (not tasks or ev_task.get(e) in tasks)}
+    hardware = _chosen_hardware(hardware, seen, unfinished, hw)
+    if not tasks:  # no agent runs and no plan: the tasks whose solutions were timed here
+        tasks = sorted({r["task"] for r in sol_rows if hw.get(r["eval_id"]) == hardware})
+    elsewhere: dict[str, str] = {}
+    runs = _run_records(run_rows, stored, hardware, elsewhere)
+    skipped = dict(sorted({**skipped, **elsewhere}.items()))
+    counted = {r.run_id for r in runs}
+    usage, left_usage = _usage(store, counted, skipped)
+    verdicts = [_verdict(v) for v in store.verdict_rows(tasks or None)]
+    on_hw = [(envs[e].get("time_utc") or "", e) for e in envs if hw[e] == hardware and states.get(e) == "complete"]
+    incomplete, by_task = _unfinished_counts(unfinished, hw, hardware, states, ev_task)
+    copies = {rid: ids for rid in sorted(counted)
+              if (ids := [c["id"] for c in store.candidates_of(rid) if c["status"] == HELD_BACK_COPY])}
+    return ReportData(
+        held_back_copies=copies,
+        store=Path(store.path).name, hardware=hardware, selection=sel, tasks=tasks, declared=declared,
+        runs=runs, skipped=skipped, left_out=_left_out(skipped, all_rows), skipped_usage=left_usage,
+        pool=_run_records(pool_rows, stored, hardware), solutions=_solutions(store, sol_rows, hardware, hw, states),
+        usage=usage, verdicts=verdicts,
+        env=envs[max(on_hw)[1]] if on_hw else {}, incomplete_evaluations=incomplete, incomplete_by_task=by_task,
+        borrowed={r: c for r, c in sorted(borrowed.items()) if r in counted},
+        incomplete_candidates={r: v for r, v in stored.incomplete.items() if r in counted},
+    )
+
+
+def _selected_rows(store: Store, sel: Selection) -> tuple[list, dict[str, str]]:
+    """The run rows of the selection, and ``{run_id: campaign}`` of the rows borrowed from other
+    campaigns: with campaigns selected, a planned experiment another campaign ran (same run key)
+    is done for these plans too."""
+    all_rows = store.run_rows(sel.campaigns, sel.tasks, sel.models, sel.guidance, sel.seeds)
+    borrowed: dict[str, str] = {}
+    if sel.campaigns:  # a planned experiment another campaign ran is done for these plans too
+        planned = planned_keys(store, sel.campaigns)
+        have = {r["run_id"] for r in all_rows}
+        extra = [r for r in store.run_rows(None, sel.tasks, sel.models, sel.guidance, sel.seeds)
+                 if r["run_id"] not in have and r["run_key"] in planned]
+        borrowed = {r["run_id"]: r["campaign"] or "no campaign" for r in extra}
+        all_rows = [*all_rows, *extra]
+    return all_rows, borrowed
+
+
+def _pool_rows(store: Store, sel: Selection, baseline: BaselineSpec | None) -> list:
+    """The settled run rows of a ``model:`` or ``run:`` baseline's pool (none for other baselines)."""
+    pool_rows = []
+    if baseline is not None and baseline.kind == "model":
+        pool_rows = store.run_rows(sel.campaigns, sel.tasks, [baseline.name], [UNGUIDED], sel.seeds)
+    elif baseline is not None and baseline.kind == "run":
+        pool_rows = store.run_rows(run_ids=[baseline.name])
+    return settled(pool_rows)[0]
+
+
+def _chosen_hardware(hardware: str | None, seen: set[str], unfinished: set[str], hw: dict[str, str]) -> str:
+    """The machine of the report: the one asked for (its GPU key when it names a GPU), else the
+    only machine with results (``seen``), else the machine of the unfinished evaluations when
+    nothing is complete, else ``"unknown"``.
+
+    Raises:
+        ScoringError: no machine asked for and results from several.
+    """
     if hardware is None and not seen and len({hw.get(e) for e in unfinished}) == 1:
         seen = {hw[next(iter(unfinished))]}  # nothing complete: the machine of what was left out
     if hardware is None:
         if len(seen) > 1:
             raise ScoringError(f"the selection holds results from several machines ({', '.join(sorted(seen))}): "
                                "choose one (--hardware)")
-        hardware = next(iter(seen)) if seen else "unknown"
-    else:
-        hardware = gpu_key(hardware) or hardware
-    if not tasks:  # no agent runs and no plan: the tasks whose solutions were timed here
-        tasks = sorted({r["task"] for r in sol_rows if hw.get(r["eval_id"]) == hardware})
+        return next(iter(seen)) if seen else "unknown"
+    return gpu_key(hardware) or hardware
 
-    def records(rows, where: dict[str, str] | None = None) -> list[RunRecord]:
-        out = []
-        for row in rows:
-            machines = {h for _, h in cands.get(row["run_id"], []) if h}
-            if len(machines) > 1:
-                raise ScoringError(f"run {row['run_id']!r}: candidates evaluated on several machines "
-                                   f"({', '.join(sorted(machines))})")
-            if machines and machines != {hardware}:
-                if where is not None:
-                    where[row["run_id"]] = f"evaluated on {next(iter(machines))}"
-                continue
-            mine = [c for c, _ in cands.get(row["run_id"], [])]
-            if row["guidance"] != DESIGN:
-                check_recorded_final(row, mine)
-            out.append(_run_record(row, mine, stored.incomplete.get(row["run_id"], [])))
-        return out
 
-    elsewhere: dict[str, str] = {}
-    runs = records(run_rows, elsewhere)
-    skipped = dict(sorted({**skipped, **elsewhere}.items()))
+def _run_records(rows, stored, hardware: str, where: dict[str, str] | None = None) -> list[RunRecord]:
+    """The :class:`RunRecord` of each row whose candidates ran on ``hardware`` (or has none);
+    the others are left out, with why in ``where`` when given.
+
+    Raises:
+        ScoringError: a run whose candidates ran on several machines, or whose recorded final
+            candidate is not the scoring rule's.
+    """
+    cands = stored.by_run
+    out = []
+    for row in rows:
+        machines = {h for _, h in cands.get(row["run_id"], []) if h}
+        if len(machines) > 1:
+            raise ScoringError(f"run {row['run_id']!r}: candidates evaluated on several machines "
+                               f"({', '.join(sorted(machines))})")
+        if machines and machines != {hardware}:
+            if where is not None:
+                where[row["run_id"]] = f"evaluated on {next(iter(machines))}"
+            continue
+        mine = [c for c, _ in cands.get(row["run_id"], [])]
+        if row["guidance"] != DESIGN:
+            check_recorded_final(row, mine)
+        out.append(_run_record(row, mine, stored.incomplete.get(row["run_id"], [])))
+    return out
+
+
+def _left_out(skipped: dict[str, str], all_rows: list) -> list[LeftOut]:
+    """The runs left out of the report, with why, in the order they started."""
     rows_by_id = {r["run_id"]: r for r in all_rows}
     left_out = [LeftOut(run_id=rid, task=rows_by_id[rid]["task"], model=rows_by_id[rid]["model"],
                         guidance=rows_by_id[rid]["guidance"], reason=why, superseded=why.startswith("attempt "))
                 for rid, why in skipped.items()]
     left_out.sort(key=lambda x: (rows_by_id[x.run_id]["started_at"], x.run_id))
-    counted = {r.run_id for r in runs}
+    return left_out
+
+
+def _usage(store: Store, counted: set[str], skipped: dict[str, str]) -> tuple[dict[str, Usage], Usage]:
+    """Token usage and cost per counted run, and the total of the runs left out."""
     usage: dict[str, Usage] = {}
     left_usage = Usage()
     for t in store.turn_rows(sorted(counted | set(skipped))):
@@ -397,26 +455,16 @@ def load(store: Store, selection: Selection | None = None, hardware: str | None 
                     cost_usd=None if t["unpriced"] else t["cost_usd"],
                     unpriced_models=[t["model"] or "unknown model"] if t["unpriced"] else [])
         (usage.setdefault(t["run_id"], Usage(runs=1)) if t["run_id"] in counted else left_usage).add(one)
-    verdicts = [_verdict(v) for v in store.verdict_rows(tasks or None)]
-    newest_env = {}
-    on_hw = [(envs[e].get("time_utc") or "", e) for e in envs if hw[e] == hardware and states.get(e) == "complete"]
-    if on_hw:
-        newest_env = envs[max(on_hw)[1]]
+    return usage, left_usage
+
+
+def _unfinished_counts(unfinished: set[str], hw: dict[str, str], hardware: str, states: dict[str, str],
+                       ev_task: dict[str, str]) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+    """Unfinished evaluations on ``hardware`` counted by state, in all and per task."""
     incomplete: dict[str, int] = defaultdict(int)
     by_task: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for e in unfinished:  # of the selection's tasks, on this machine
         if hw.get(e) == hardware:
             incomplete[states[e]] += 1
             by_task[ev_task.get(e, "")][states[e]] += 1
-    copies = {rid: ids for rid in sorted(counted)
-              if (ids := [c["id"] for c in store.candidates_of(rid) if c["status"] == HELD_BACK_COPY])}
-    return ReportData(
-        held_back_copies=copies,
-        store=Path(store.path).name, hardware=hardware, selection=sel, tasks=tasks, declared=declared,
-        runs=runs, skipped=skipped, left_out=left_out, skipped_usage=left_usage, pool=records(pool_rows),
-        solutions=_solutions(store, sol_rows, hardware, hw, states), usage=usage,
-        verdicts=verdicts, env=newest_env, incomplete_evaluations=dict(sorted(incomplete.items())),
-        incomplete_by_task={k: dict(v) for k, v in sorted(by_task.items())},
-        borrowed={r: c for r, c in sorted(borrowed.items()) if r in counted},
-        incomplete_candidates={r: v for r, v in stored.incomplete.items() if r in counted},
-    )
+    return dict(sorted(incomplete.items())), {k: dict(v) for k, v in sorted(by_task.items())}

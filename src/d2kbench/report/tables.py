@@ -96,7 +96,8 @@ def solutions_table(sheet: ScoreSheet, data: ReportData) -> Table:
                 speedups[task] = None
                 continue
             try:
-                speedups[task] = task_speedup(base[task], {w: v.mean_ms for w, v in timings.items()}, task)
+                means = {w: v.mean_ms for w, v in timings.items() if v.mean_ms is not None}  # all, checked above
+                speedups[task] = task_speedup(base[task], means, task)
             except ScoringError as e:
                 speedups[task] = None
                 t.notes.append(f"{sol} counted as failed on {task}: {e}")
@@ -171,10 +172,10 @@ def table2(sheet: ScoreSheet, data: ReportData) -> Table:
                         js = 0.0 if not r.correct else _impl_js(mine, r)
                         if js is not None:
                             vals[lv].append(js)
-            for r in designs:
-                if r.model == m:
+            for d in designs:
+                if d.model == m:
                     totals[DESIGN] += 1
-                    js = _median([v.js for v in mine if v.kind == "design" and v.target == r.run_id])
+                    js = _median([v.js for v in mine if v.kind == "design" and v.target == d.run_id])
                     if js is not None:
                         vals[DESIGN].append(js)
             u, g = sheet.group(m, UNGUIDED), sheet.group(m, GUIDED)
@@ -221,15 +222,16 @@ def table4(sheet: ScoreSheet) -> Table:
     t = Table(key="table4_fully_correct", title="Table 4: geometric-mean speedup of fully-correct models",
               columns=[Column(name="model"), Column(name="tasks", fmt="d"), Column(name="none", fmt=SCORE),
                        Column(name="L1+L2+L3", fmt=SCORE), Column(name="change", fmt=REL)])
-    rows, unfinished = [], []
+    rows: list[tuple[str, int, float, float, float | None]] = []
+    unfinished = []
     for m in sheet.models():
         u, g = sheet.group(m, UNGUIDED), sheet.group(m, GUIDED)
         if u and g and u.geomean_speedup is not None and g.geomean_speedup is not None:
             gu, gg = u.geomean_speedup, g.geomean_speedup
-            rows.append([m, u.n_tasks, gu, gg, _rel(gg, gu)])
+            rows.append((m, u.n_tasks, gu, gg, _rel(gg, gu)))
         elif u and g and (u.missing or g.missing):
             unfinished.append(f"{m} (unguided: {_reasons(u)}; guided: {_reasons(g)})")
-    t.rows += rows
+    t.rows += [list(r) for r in rows]
     if rows:
         gu, gg = geomean(r[2] for r in rows), geomean(r[3] for r in rows)
         t.rows.append([f"{len(rows)} fully-correct model(s)", None, gu, gg, _rel(gg, gu)])
@@ -257,7 +259,7 @@ def table5(sheet: ScoreSheet) -> Table:
     for m in sheet.models():
         for lv in levels_present(sheet):
             if g := sheet.group(m, lv):
-                t.rows.append([m, lv, g.n_tasks] + [g.fast_p[p] for p in FAST_P_THRESHOLDS])
+                t.rows.append([m, lv, g.n_tasks, *(g.fast_p[p] for p in FAST_P_THRESHOLDS)])
     note = sheet.missing_note()
     if note:
         t.notes.append(note)
@@ -346,8 +348,8 @@ def table6(data: ReportData) -> tuple[Table, Table]:
         if uu.cost_usd is not None and ug.cost_usd is not None:
             ca, cb, priced = ca + uu.cost_usd, cb + ug.cost_usd, priced + 1
     if pairs:
-        change.rows.append([len(pairs)] + [_rel(float(getattr(b, f)), float(getattr(a, f))) for f in _USAGE_FIELDS]
-                           + [_rel(cb, ca) if priced else None, priced])
+        change.rows.append([len(pairs), *(_rel(float(getattr(b, f)), float(getattr(a, f))) for f in _USAGE_FIELDS),
+                            _rel(cb, ca) if priced else None, priced])
     change.notes.append(f"relative change of the summed tokens and cost of {len(pairs)} paired (model, task) run(s) "
                         "with a scored run both unguided and guided (same backend and seed)"
                         + (f"; {unpaired} run(s) without a partner are left out" if unpaired else "") + ".")
@@ -379,8 +381,8 @@ def group_table(sheet: ScoreSheet) -> Table:
     for lv in levels_present(sheet):
         for m in sheet.models():
             if g := sheet.group(m, lv):
-                t.rows.append([m, lv, g.n_tasks, g.n_correct, len(g.missing), g.s_perf]
-                              + [g.fast_p[p] for p in FAST_P_THRESHOLDS])
+                t.rows.append([m, lv, g.n_tasks, g.n_correct, len(g.missing), g.s_perf,
+                               *(g.fast_p[p] for p in FAST_P_THRESHOLDS)])
         t.rows.append(["all models (geomean)", lv, None, None, None, sheet.overall(lv)]
                       + [None] * len(FAST_P_THRESHOLDS))
     note = sheet.missing_note()

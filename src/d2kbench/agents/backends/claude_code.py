@@ -75,7 +75,7 @@ class ClaudeStreamParser(StreamParser):
         mid = msg.get("id") or f"anon-{len(self.turns) + 1}"
         turn = self.by_id.get(mid)
         new = turn is None
-        if new:
+        if turn is None:
             turn = CliTurn(index=len(self.turns) + 1, message_id=mid, model=msg.get("model", ""))
             self.by_id[mid] = turn
             self.turns.append(turn)
@@ -88,8 +88,8 @@ class ClaudeStreamParser(StreamParser):
                 turn.text = (turn.text + "\n" + b["text"]).strip()
                 self.emit("message", {"turn": turn.index, "text": b["text"]})
             elif b.get("type") == "tool_use":
-                tc = ToolCall(id=b.get("id", ""), name=b.get("name", ""),
-                              arguments=b.get("input") if isinstance(b.get("input"), dict) else {})
+                args = b.get("input")
+                tc = ToolCall(id=b.get("id", ""), name=b.get("name", ""), arguments=args if isinstance(args, dict) else {})
                 turn.tool_calls.append(tc)
                 self.pending.add(tc.id)
                 self.emit("tool_call", {"turn": turn.index, **tc.model_dump(exclude_none=True)})

@@ -188,70 +188,91 @@ def run_cli(argv: list[str], *, cwd: Path, env: dict[str, str], prompt: str, par
         except FileNotFoundError as e:
             raise BackendError(f"cannot start {argv[0]!r}: {e}", kind="config") from None
         lines: queue.Queue = queue.Queue()
-
-        def reader() -> None:  # copies stdout verbatim; parsing happens on the calling thread
-            assert proc.stdout is not None
-            with open(events_path, "ab") as raw:
-                for line in proc.stdout:
-                    raw.write(line)
-                    raw.flush()
-                    if line.strip():
-                        lines.put(line.strip())
-            lines.put(None)
-
-        def consume(block_s: float) -> bool:
-            """Feed queued lines to the parser; False once stdout has closed."""
-            try:
-                item = lines.get(timeout=block_s)
-            except queue.Empty:
-                return True
-            while True:
-                if item is None:
-                    return False
-                try:
-                    obj = json.loads(item)
-                except json.JSONDecodeError:
-                    parser.emit("error", {"message": "non-JSON line on the CLI's stdout",
-                                          "line": item[:500].decode(errors="replace")})
-                else:
-                    if isinstance(obj, dict):
-                        if poll:
-                            poll()  # side files first (Codex's rollout), so events land on their turn
-                        parser.feed(obj)
-                try:
-                    item = lines.get_nowait()
-                except queue.Empty:
-                    return True
-
-        th = threading.Thread(target=reader, name="cli-stdout", daemon=True)
+        th = threading.Thread(target=_copy_stdout, args=(proc, events_path, lines), name="cli-stdout", daemon=True)
         th.start()
-        reason = None
-        open_, exited_at = True, None
-        while True:
-            if open_:
-                open_ = consume(0.2)
-            else:
-                time.sleep(0.2)
-            if poll:
-                poll()
-            if proc.poll() is not None:
-                exited_at = exited_at or time.monotonic()
-                # done once stdout closed (or a leftover child holds it open for long)
-                if not open_ or time.monotonic() - exited_at > 5.0:
-                    break
-            if budget_turns is not None and parser.should_stop(budget_turns):
-                reason = "budget"
-                break
-            if time.monotonic() - t0 > timeout_s:
-                reason = "timeout"
-                break
+        reason, open_ = _watch(proc, lines, parser, poll, t0, timeout_s, budget_turns)
         kill_group(proc)  # the budget or the clock ran out, or reap helpers the CLI left behind
         th.join(timeout=10)
         while open_ and not lines.empty():
-            open_ = consume(0.0)
+            open_ = _feed_parser(lines, parser, poll, 0.0)
         if poll:
             poll()
-    res = SessionResult(returncode=proc.returncode, events_path=str(events_path), wall_s=time.monotonic() - t0)
+    return _session_result(proc, argv, events_path, stderr_path, parser, time.monotonic() - t0, reason, timeout_s,
+                           budget_turns)
+
+
+def _copy_stdout(proc: subprocess.Popen, events_path: Path, lines: queue.Queue) -> None:
+    """Copy the CLI's stdout verbatim to ``events_path`` and queue its non-blank lines (bytes,
+    stripped), then None once stdout has closed. Runs on a reader thread; parsing happens on the
+    calling thread."""
+    assert proc.stdout is not None
+    with open(events_path, "ab") as raw:
+        for line in proc.stdout:
+            raw.write(line)
+            raw.flush()
+            if line.strip():
+                lines.put(line.strip())
+    lines.put(None)
+
+
+def _feed_parser(lines: queue.Queue, parser: StreamParser, poll: Callable[[], None] | None, block_s: float) -> bool:
+    """Feed queued lines to the parser (waiting up to ``block_s`` seconds for the first); False
+    once stdout has closed. A line that is not JSON becomes an ``error`` event."""
+    try:
+        item = lines.get(timeout=block_s)
+    except queue.Empty:
+        return True
+    while True:
+        if item is None:
+            return False
+        try:
+            obj = json.loads(item)
+        except json.JSONDecodeError:
+            parser.emit("error", {"message": "non-JSON line on the CLI's stdout",
+                                  "line": item[:500].decode(errors="replace")})
+        else:
+            if isinstance(obj, dict):
+                if poll:
+                    poll()  # side files first (Codex's rollout), so events land on their turn
+                parser.feed(obj)
+        try:
+            item = lines.get_nowait()
+        except queue.Empty:
+            return True
+
+
+def _watch(proc: subprocess.Popen, lines: queue.Queue, parser: StreamParser, poll: Callable[[], None] | None,
+           t0: float, timeout_s: float, budget_turns: int | None) -> tuple[str | None, bool]:
+    """Feed the parser every 0.2 s until the process has exited and its stdout closed (or stayed
+    open 5 s after the exit: a leftover child holds it), the turn budget is reached, or
+    ``timeout_s`` seconds have passed since ``t0`` (``time.monotonic``). Returns ``(reason,
+    stdout still open)``; ``reason`` is ``"budget"``, ``"timeout"`` or None (the process ended)."""
+    open_, exited_at = True, None
+    while True:
+        if open_:
+            open_ = _feed_parser(lines, parser, poll, 0.2)
+        else:
+            time.sleep(0.2)
+        if poll:
+            poll()
+        if proc.poll() is not None:
+            exited_at = exited_at or time.monotonic()
+            # done once stdout closed (or a leftover child holds it open for long)
+            if not open_ or time.monotonic() - exited_at > 5.0:
+                return None, open_
+        if budget_turns is not None and parser.should_stop(budget_turns):
+            return "budget", open_
+        if time.monotonic() - t0 > timeout_s:
+            return "timeout", open_
+
+
+def _session_result(proc: subprocess.Popen, argv: list[str], events_path: Path, stderr_path: Path,
+                    parser: StreamParser, wall_s: float, reason: str | None, timeout_s: float,
+                    budget_turns: int | None) -> SessionResult:
+    """The :class:`SessionResult` of an ended session: the parser's turns, usage and final text,
+    the stderr tail, and the exit reason (the budget or the clock, the agent's own error, or a
+    non-zero exit status of the CLI)."""
+    res = SessionResult(returncode=proc.returncode, events_path=str(events_path), wall_s=wall_s)
     res.stderr_tail = stderr_path.read_text(errors="replace")[-4000:] if stderr_path.exists() else ""
     parser.finish(res)
     res.turns = parser.turns
@@ -361,9 +382,11 @@ class CliBackend(Backend):
             tmp_p = Path(tmp)
             cwd = self.cwd or (tmp_p / "work")
             cwd.mkdir(parents=True, exist_ok=True)
+            events_path = tmp_p / "events.jsonl"
             res = self.run_session(render_prompt(messages), cwd=cwd, config_dir=tmp_p / "config",
-                                   events_path=tmp_p / "events.jsonl", system=system, json_schema=json_schema)
-            raw_events = [json.loads(x) for x in Path(res.events_path).read_text().splitlines() if x.strip()]
+                                   events_path=events_path, system=system, json_schema=json_schema)
+            raw_events = [json.loads(x) for x in Path(res.events_path or events_path).read_text().splitlines()
+                          if x.strip()]
         if res.exit_reason not in ("completed",):
             raise BackendError(f"{self.name} session failed ({res.exit_reason}): {res.error}", kind="cli")
         comp = Completion(text=res.text, usage=res.usage, raw={"events": raw_events, "session": res.model_dump()},
