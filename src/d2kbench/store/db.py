@@ -145,7 +145,7 @@ class Store:
         src = Store(other)  # opening upgrades an older file to this schema
         try:
             with self.conn:
-                return Merge(self, src, task).run()
+                return Merge(self.conn, src.conn, self.secrets, task).run()
         finally:
             src.close()
 

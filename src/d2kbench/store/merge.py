@@ -7,15 +7,11 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
-from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
 from d2kbench.store.redact import redact_secrets, scrub
 from d2kbench.store.schema import columns, inserted_id
-
-if TYPE_CHECKING:
-    from d2kbench.store.db import Store
 
 
 class MergeCounts(BaseModel):
@@ -41,11 +37,12 @@ class MergeCounts(BaseModel):
 
 
 class Merge:
-    """One :meth:`Store.merge` (inside the target's transaction)."""
+    """One :meth:`Store.merge` (inside the target's transaction): rows of the ``src`` connection
+    copied into ``dst``, with the target store's ``secrets`` scrubbed from what is copied."""
 
-    def __init__(self, dst: Store, src: Store, task: str | None):
-        self.dst, self.src, self.task = dst.conn, src.conn, task
-        self.secrets = dst.secrets
+    def __init__(self, dst: sqlite3.Connection, src: sqlite3.Connection, secrets: set[str], task: str | None):
+        self.dst, self.src, self.task = dst, src, task
+        self.secrets = secrets
         self.counts = MergeCounts()
         self.run_ids: dict[str, str] = {}    # source run_id -> target run_id
         self.cand_ids: dict[int, int] = {}   # source candidate id -> target candidate id
