@@ -225,6 +225,27 @@ def test_unchanged_checks_only_what_the_reference_left_alone():
     assert not checks.compare(0, "state", t, good, exp, dim_of).passed   # no value before the call: fails, says why
 
 
+def test_unchanged_per_slot_ignores_old_bits_repeated_in_a_rewritten_slot():
+    """With slice_dims, a slot the reference rewrote is not a canary even where one of its new
+    elements equals the old bits (seen on the H200: extreme decays keep a state element); an
+    honest solution one rounding step off there passes, element-wise judging fails it, and a
+    touched canary slot still fails."""
+    before = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
+    exp = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.5, 6.5], [7.0, 8.0, 9.0]])   # slot 1 written; its 4.0 kept
+    honest = torch.tensor([[1.0, 2.0, 3.0], [4.0000005, 5.5, 6.5], [7.0, 8.0, 9.0]])
+    dim_of = ["NS", "X"].index
+    per_slot = tol(metric="unchanged", slice_dims=["X"])
+    assert checks.compare(0, "state", per_slot, honest, exp, dim_of, before=before).passed
+    assert not checks.compare(0, "state", tol(metric="unchanged"), honest, exp, dim_of, before=before).passed
+    canary = honest.clone()
+    canary[2, 1] = 8.000001                                                   # one ulp in canary slot 2
+    r = checks.compare(0, "state", per_slot, canary, exp, dim_of, before=before)
+    assert not r.passed and "slice 2" in r.detail and r.error == pytest.approx(1 / 6)
+    wrong_slot = exp.clone()
+    wrong_slot[0] = 0.0                                                       # a write into canary slot 0
+    assert not checks.compare(0, "state", per_slot, wrong_slot, exp, dim_of, before=before).passed
+
+
 def test_unchanged_is_refused_on_outputs():
     from d2kbench.tasks.schema import OutputSpec, TaskSpec
     with pytest.raises(ValueError, match="state_checks only"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from conftest import DEVICES, SOLUTIONS
 
 from d2kbench.harness.evaluate import Options, evaluate
@@ -250,3 +251,34 @@ def test_an_evaluation_that_raises_is_closed_interrupted(muon, tmp_path, monkeyp
     (row,) = store.rows()
     assert store.evaluation_states() == {row["eval_id"]: "interrupted"}
     store.close()
+
+
+def test_a_parent_side_failure_is_not_run_and_the_evaluation_goes_on(monkeypatch):
+    """The trusted parent raises while it prepares one workload's expected values (here a CUDA
+    out-of-memory of the reference on the 2x32x96 shape, as a 70B-vocabulary workload did on the
+    H200): every solution gets ``not_run`` on that workload with the harness's cause, not a
+    verdict of its own, and the next workload is judged normally."""
+    import types
+
+    from d2kbench.tasks import load_task
+
+    task = load_task("muon_newton_schulz")
+    real = task.reference_module()
+
+    def run(G, steps=5):
+        if G.shape[-2:] == (32, 96):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")
+        return real.run(G, steps)
+
+    fake = types.ModuleType("reference")
+    fake.__dict__.update({k: v for k, v in vars(real).items() if not k.startswith("__")})
+    fake.run = run
+    monkeypatch.setattr(type(task), "reference_module", lambda self: fake)
+    wls = [task.spec.workload("smoke_wide_2x32x96"), task.spec.workload("smoke_tall_1x64x48")]
+    ev = evaluate(task, "reference", wls, "cpu", None,
+                  options=Options(time_solutions=False, integrity=False, check_calls=1))
+    first, second = ev.candidate.results
+    assert first.status is Status.NOT_RUN
+    assert first.cause.startswith("not run: the harness failed on smoke_wide_2x32x96 before judging: "
+                                  "OutOfMemoryError: CUDA out of memory")
+    assert second.status is Status.OK, second.cause

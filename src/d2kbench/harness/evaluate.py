@@ -224,8 +224,12 @@ def _run_workload_step(n: int, wl: Workload, task: Task, reference, sols: _Solut
         return
     order = running if n % 2 == 0 else list(reversed(running))
     say(f"{wl.id}: {' vs '.join(book.runs[r].solution for r in order)}")
-    results = run_workload({r: sols.handles[r] for r in order}, task, reference, wl, device, opts, guards,
-                           prefetch, sols.deadlines, {d: of for d, of in book.timed_for.items() if of in order})
+    try:
+        results = run_workload({r: sols.handles[r] for r in order}, task, reference, wl, device, opts, guards,
+                               prefetch, sols.deadlines, {d: of for d, of in book.timed_for.items() if of in order})
+    except Exception as e:  # noqa: BLE001 - the trusted side failed: judge nobody, go on with the next workload
+        _harness_failed(wl, order, sols, book, device, e, say)
+        return
     with phase("store"):
         for label in order:
             book.record(label, results[label])
@@ -236,6 +240,23 @@ def _run_workload_step(n: int, wl: Workload, task: Task, reference, sols: _Solut
             book.give_up(label, Status.NOT_RUN, f"not run: {results[label].status.value} on {wl.id} "
                                                 f"({results[label].cause[:120]}); --keep-going runs every workload")
     if device == "cuda":  # this workload's inputs and expected values: back to the driver
+        torch.cuda.empty_cache()
+
+
+def _harness_failed(wl: Workload, order: list[str], sols: _Solutions, book: _Book, device: str, error: Exception,
+                    say: Callable[[str], None]) -> None:
+    """The parent failed on ``wl`` before it could judge (its reference, expected values or checks
+    raised: a CUDA out-of-memory on a workload too large for the machine, a bug in a task's
+    reference): every solution of the step gets ``not_run`` with that cause (the failure is not
+    theirs), their workers are replaced, and the evaluation goes on with the next workload
+    instead of losing the results already recorded."""
+    cause = f"not run: the harness failed on {wl.id} before judging: {type(error).__name__}: {str(error)[:300]}"
+    say(cause)
+    for label in order:
+        book.record(label, WorkloadResult(workload=wl.id, status=Status.NOT_RUN, cause=cause,
+                                          correctness_only=wl.correctness_only))
+        sols.handles[label].kill()  # its state may hold this workload's inputs
+    if device == "cuda":
         torch.cuda.empty_cache()
 
 

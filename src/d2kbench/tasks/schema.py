@@ -106,7 +106,9 @@ class Tolerance(_Strict):
       * ``unchanged`` (state checks only): every element of an in-place argument that the
         reference left bit-identical to the call's input must still be bit-identical after the
         solution's call (the canary slots of a state pool or a cache); elements the reference
-        changed are left to the argument's other checks. Error: the fraction of such elements
+        changed are left to the argument's other checks. With ``slice_dims``, whole slices are
+        judged instead (a slot of a state pool that the reference rewrote is not "unchanged" even
+        where a few of its new elements equal the old bits). Error: the fraction of such elements
         modified; passes when none is.
     against: ``reference`` (the native-precision ``run``) or ``oracle`` (``reference.oracle``).
     """
