@@ -27,3 +27,29 @@ for pkg in fla-core einops liger-kernel; do
     || echo "device-wheels: $pkg not available here; its alternative reports the missing package" >&2
 done
 ls -1 .whl
+# mamba_ssd_chunk_scan's alternative: the Mamba reference Triton kernels. mamba-ssm ships as an
+# sdist whose build needs nvcc and whose top-level __init__ imports its compiled CUDA extension, so
+# its Triton kernels are carried as a trimmed wheel: the sdist's mamba_ssm/ops/triton and
+# mamba_ssm/utils files unchanged, with a top-level __init__ that imports nothing.
+mamba_ver=2.3.2.post1
+mamba_trimmed_wheel() {
+  local tmp url src pkg
+  tmp=$(mktemp -d)
+  url=$(curl -sf https://pypi.org/pypi/mamba-ssm/json | python3 -c \
+    "import json,sys; print([u['url'] for u in json.load(sys.stdin)['releases']['$mamba_ver'] if u['packagetype']=='sdist'][0])") \
+    && curl -sfL "$url" | tar xz -C "$tmp" || return 1
+  src="$tmp/mamba_ssm-$mamba_ver"; pkg="$tmp/trim/mamba_ssm"
+  mkdir -p "$pkg/ops" && cp -r "$src/mamba_ssm/ops/triton" "$pkg/ops/" && cp -r "$src/mamba_ssm/utils" "$pkg/" || return 1
+  touch "$pkg/ops/__init__.py"
+  echo "__version__ = \"$mamba_ver\"  # Triton kernels only (trimmed: no compiled extension)" > "$pkg/__init__.py"
+  cp "$src/LICENSE" "$tmp/trim/" 2>/dev/null
+  printf '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n[project]\nname = "mamba-ssm"\nversion = "%s"\n[tool.setuptools.packages.find]\ninclude = ["mamba_ssm*"]\n' \
+    "$mamba_ver" > "$tmp/trim/pyproject.toml"
+  python3 -m pip wheel -q --no-deps --no-build-isolation -w .whl "$tmp/trim"; local rc=$?
+  rm -rf "$tmp"; return $rc
+}
+mamba_trimmed_wheel \
+  || echo "device-wheels: mamba-ssm's Triton kernels not available here; its alternative reports the missing package" >&2
+python3 -m pip download -q --no-deps --only-binary=:all: -d .whl packaging \
+  || echo "device-wheels: packaging not available here" >&2
+ls -1 .whl

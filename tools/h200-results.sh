@@ -16,7 +16,9 @@
 #               performance bars of docs/timing.md (expert >= straightforward, the bound-class bar, prefill expert
 #               >= SDPA flash)                         -> tasks/<task>.*
 #               (one task only: TASKS="paged_decode_gqa" bash tools/h200-results.sh tasks;
-#               PER_WORKLOAD=1 BASELINE=straightforward TASK_TIMEOUT=S: one bench per workload)
+#               PER_WORKLOAD=1 BASELINE=straightforward TASK_TIMEOUT=S: one bench per workload;
+#               WORKLOADS="id id,id ...": one bench per listed group (ids joined by commas share a
+#               bench) of the tasks that have all of its workloads)
 # Usage: bash tools/h200-results.sh core muon evil tasks
 set -uo pipefail
 source tools/device-env.sh || exit 1
@@ -54,14 +56,16 @@ for part in "$@"; do
         # whose reference is a slow token loop keeps what it measured when a later workload runs out
         # of time. BASELINE: the timed baseline (default reference; straightforward spares timing
         # such a reference, which still computes every expected value).
-        if [ "${PER_WORKLOAD:-0}" = 1 ]; then
+        if [ -n "${WORKLOADS:-}" ]; then  # only these workloads (ids of this task), one bench each
+          groups=$(python3 -c "from d2kbench.tasks import load_task; ids={w.id for w in load_task('$t').spec.workloads}; print(' '.join(g for g in '$WORKLOADS'.split() if set(g.split(',')) <= ids))")
+        elif [ "${PER_WORKLOAD:-0}" = 1 ]; then
           groups=$(python3 -c "from d2kbench.tasks import load_task; print(' '.join(w.id for w in load_task('$t').spec.workloads if not w.id.startswith('smoke')))")
         else
           groups=all
         fi
         for g in $groups; do
           name=$t; sel=()
-          [ "$g" != all ] && { name="${t}__$g"; sel=(-w "$g"); }
+          if [ "$g" != all ]; then name="${t}__${g//,/+}"; for w in ${g//,/ }; do sel+=(-w "$w"); done; fi
           echo "--- $name ($(date -u +%H:%M:%S)): expert straightforward $alts vs ${BASELINE:-reference}"
           sols=(-s expert -s straightforward); [ "${BASELINE:-reference}" = straightforward ] && sols=(-s expert)
           timeout "${TASK_TIMEOUT:-420}" python3 -m d2kbench.cli bench "$t" "${sel[@]}" "${sols[@]}" $alts \
