@@ -109,7 +109,8 @@ def show(task: str) -> None:
     args = Table("argument", "kind", "shape", "dtype", "layout", "mutable", title="run(...) arguments")
     for a in s.args:
         if a.kind == "tensor":
-            args.add_row(a.name, "tensor", str(a.shape), a.dtype, a.layout, "yes" if a.mutable else "")
+            kind = f"list of {a.count} tensors" if a.count else "tensor"
+            args.add_row(a.name, kind, str(a.shape), a.dtype, a.layout, "yes" if a.mutable else "")
         else:
             args.add_row(a.name, a.kind, "", "", "", "")
     console.print(args)

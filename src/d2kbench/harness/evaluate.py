@@ -78,6 +78,22 @@ def default_workloads(task: Task, device: str) -> list[Workload]:
     return list(task.spec.workloads if device == "cuda" else task.spec.smoke_workloads)
 
 
+def unrunnable(wl: Workload, device: str) -> str | None:
+    """Why the single-process harness does not run ``wl`` on ``device`` (None: it does).
+
+    A distributed workload (``ranks`` > 1) needs one GPU per rank and a runner that starts the
+    ranks; this harness runs one process on one device, so it reports such a workload
+    ``not_run`` with the reason instead of failing it.
+    """
+    if wl.ranks <= 1:
+        return None
+    have = torch.cuda.device_count() if device == "cuda" else 0
+    if have < wl.ranks:
+        return f"not run: needs {wl.ranks} GPUs (a distributed workload of {wl.ranks} ranks); this machine has {have}"
+    return (f"not run: a distributed workload of {wl.ranks} ranks runs under a multi-GPU runner, "
+            "not the single-process harness")
+
+
 #: Failures after which a solution is not run on its remaining workloads (the worker hung or died).
 STOPPING = (Status.TIMEOUT,)
 
@@ -214,6 +230,13 @@ def _run_workload_step(n: int, wl: Workload, task: Task, reference, sols: _Solut
     fresh workers where needed, the workload's protocol, the results recorded; a solution that
     failed gets a fresh worker next time, one that stops gives up (unless ``keep_going``)."""
     running = [x for x in sols.handles if book.done(x) == n]
+    skip = unrunnable(wl, device)
+    if skip is not None:
+        for label in running:
+            book.record(label, WorkloadResult(workload=wl.id, status=Status.NOT_RUN, cause=skip,
+                                              correctness_only=wl.correctness_only))
+        say(f"{wl.id}: {skip}")
+        return
     for label in running:
         try:
             sols.restart(label)
