@@ -79,8 +79,9 @@ def _pick(args: list, spec_args: list, rng: secrets.SystemRandom):
     a secretly chosen floating-point tensor argument or element of a tensor-list argument
     (weighted by size, so every element is equally likely), or None when there is none (or it
     is not contiguous)."""
-    cands = [(i, None, a) for i, (a, s) in enumerate(zip(args, spec_args))
-             if isinstance(s, TensorArg) and isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel()]
+    cands: list[tuple[int, int | None, torch.Tensor]] = [
+        (i, None, a) for i, (a, s) in enumerate(zip(args, spec_args))
+        if isinstance(s, TensorArg) and isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel()]
     cands += [(i, r, t) for i, (a, s) in enumerate(zip(args, spec_args)) if isinstance(s, TensorArg) and s.count
               and isinstance(a, list) for r, t in enumerate(a)
               if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()]

@@ -48,7 +48,7 @@ def make_inputs(workload: dict, seed: int, device: str | torch.device) -> dict:
             partial N(0, 1/(4R)) times the row magnitude, as the R shares of a layer output at
             half the residual's scale) or ``rank_outliers`` (row t's partial of rank t mod R is
             64x larger, and every fourth row cancels: rank R-1's partial is minus the bf16 sum
-            of the others plus a small remainder, so the true sum is 1e-3 of the partials).
+            of the others plus a small remainder: the sum is a few percent of the largest partial).
         seed: seed of a ``torch.Generator`` on ``device``.
         device: where the tensors are created.
 
