@@ -24,7 +24,7 @@ from d2kbench.checking import checks  # noqa: E402
 from d2kbench.checking.aliases import find_aliases  # noqa: E402
 from d2kbench.checking.inputs import arg_tensors, args_nbytes, check_args, clone_args  # noqa: E402
 from d2kbench.checking.ranks import identical_across_ranks  # noqa: E402
-from d2kbench.harness.evaluate import Options, evaluate, unrunnable  # noqa: E402
+from d2kbench.harness.evaluate import Options, default_workloads, evaluate, skipped_by_default, unrunnable  # noqa: E402
 from d2kbench.integrity.parent import perturb, redraw  # noqa: E402
 from d2kbench.results import Status  # noqa: E402
 from d2kbench.tasks import load_task  # noqa: E402
@@ -106,6 +106,10 @@ def test_distributed_workloads_are_not_run_here(tmp_path):
     """unrunnable names the GPUs a workload of several ranks needs; a solution that writes into
     one partial fails that partial's untouched check through the harness."""
     assert unrunnable(TASK.spec.workload("smoke_r2_t5_h256"), "cpu") is None
+    # the default sets leave it out (agents, evaluations and benches never fail on it), and say so
+    assert "llama31_70b_tp8_t128_decode" not in [w.id for w in default_workloads(TASK, "cuda")]
+    assert len(default_workloads(TASK, "cuda")) == len(TASK.spec.workloads) - 1
+    assert [s.split(":")[0] for s in skipped_by_default(TASK, "cuda")] == ["llama31_70b_tp8_t128_decode"]
     why = unrunnable(TASK.spec.workload("llama31_70b_tp8_t128_decode"), "cpu")
     assert why is not None and "needs 8 GPUs" in why and "has 0" in why
     src = (TASK.root / "solutions" / "expert.py").read_text()

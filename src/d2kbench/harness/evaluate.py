@@ -74,8 +74,17 @@ def resolve_device(device: str) -> str:
 
 
 def default_workloads(task: Task, device: str) -> list[Workload]:
-    """Registered workloads on the GPU, smoke workloads on the CPU."""
-    return list(task.spec.workloads if device == "cuda" else task.spec.smoke_workloads)
+    """Registered workloads on the GPU, smoke workloads on the CPU; never a distributed workload
+    (``ranks`` > 1), which this single-process harness does not run (:func:`skipped_by_default`)."""
+    return [w for w in (task.spec.workloads if device == "cuda" else task.spec.smoke_workloads) if w.ranks == 1]
+
+
+def skipped_by_default(task: Task, device: str) -> list[str]:
+    """``"<workload>: <reason>"`` for each registered workload that :func:`default_workloads`
+    leaves out on ``device`` (the distributed ones, on the GPU), for the command line to say so."""
+    if device != "cuda":
+        return []
+    return [f"{w.id}: {why.removeprefix('not run: ')}" for w in task.spec.workloads if (why := unrunnable(w, device))]
 
 
 def unrunnable(wl: Workload, device: str) -> str | None:
