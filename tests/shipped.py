@@ -83,6 +83,10 @@ ASSERTED: dict[tuple[str, str], list[str]] = {
     # tests/test_task_sliding_window_prefill.py (the sink workloads: checked directly there)
     ("sliding_window_prefill", "expert"): ["smoke_b1_s50_h3x1_d16_w64_softcap"],
     ("sliding_window_prefill", "straightforward"): ["smoke_b1_s40_h2x2_d64_w1_sinks"],
+    # tests/test_task_allreduce_residual_rmsnorm.py
+    ("allreduce_residual_rmsnorm", "expert"): ["smoke_r4_t7_h384_quant", "smoke_r8_t9_h128_outliers",
+                                              "smoke_r2_t3_h384_bf16_fp8"],
+    ("allreduce_residual_rmsnorm", "straightforward"): ["smoke_r3_t6_h640_outliers_quant"],
     # tests/test_task_varlen_flash_prefill.py
     ("varlen_flash_prefill", "expert"): ["smoke_t160_n9_h3x1_d16_edge"],
     ("varlen_flash_prefill", "straightforward"): ["smoke_t126_n6_h2x1_d16_ladder"],

@@ -68,6 +68,15 @@ def _warn_slow_on_cpu(task, device: str, workloads) -> None:
                       "CPU's default.[/yellow]", highlight=False)
 
 
+def _say_skipped(task, device: str, explicit: bool) -> None:
+    """Name the registered workloads the default set leaves out (distributed ones: the GPUs they
+    need); a workload asked for with --workload runs and is reported not_run with that reason."""
+    from d2kbench.harness.evaluate import skipped_by_default
+
+    for line in [] if explicit else skipped_by_default(task, device):
+        console.print(f"[yellow]skipped {line}[/yellow]", highlight=False, markup=True)
+
+
 def _task(task_id: str):
     from d2kbench.tasks import TaskFileError, load_task
 
@@ -109,7 +118,8 @@ def show(task: str) -> None:
     args = Table("argument", "kind", "shape", "dtype", "layout", "mutable", title="run(...) arguments")
     for a in s.args:
         if a.kind == "tensor":
-            args.add_row(a.name, "tensor", str(a.shape), a.dtype, a.layout, "yes" if a.mutable else "")
+            kind = f"list of {a.count} tensors" if a.count else "tensor"
+            args.add_row(a.name, kind, str(a.shape), a.dtype, a.layout, "yes" if a.mutable else "")
         else:
             args.add_row(a.name, a.kind, "", "", "", "")
     console.print(args)
@@ -191,6 +201,7 @@ def eval_cmd(
     try:
         dev = resolve_device(device)
         wls = [t.spec.workload(w) for w in workload] if workload else default_workloads(t, dev)
+        _say_skipped(t, dev, bool(workload))
         t.resolve_solution(solution, dev)
         if baseline != "none":
             t.resolve_solution(baseline, dev)
@@ -267,6 +278,7 @@ def bench(
     try:
         dev = resolve_device(device)
         wls = [t.spec.workload(w) for w in workload] if workload else default_workloads(t, dev)
+        _say_skipped(t, dev, bool(workload))
         bars = [Bar.parse(b) for b in bar or []]
         bound_bars = [BoundBar(s) for s in bound_bar or []]
         unknown = [b.solution for b in bound_bars if b.solution not in solution]

@@ -30,7 +30,7 @@ def _setup(task_ref: str, device: str, workload: str | None):
         wl = task.spec.workload(workload)
     else:
         pool = task.spec.workloads if device == "cuda" else task.spec.smoke_workloads
-        wl = next((w for w in pool if not w.correctness_only), pool[0])
+        wl = next((w for w in pool if not w.correctness_only and w.ranks == 1), pool[0])
     return task, wl
 
 

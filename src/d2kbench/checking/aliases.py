@@ -17,6 +17,8 @@ def find_aliases(outputs: list, args: list) -> list[str]:
 
     found = []
     spans = [(i, _storage_range(a)) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    spans += [(i, _storage_range(t)) for i, a in enumerate(args) if isinstance(a, list)  # tensor-list arguments
+              for t in a if isinstance(t, torch.Tensor)]
     for k, o in enumerate(outputs):
         if not isinstance(o, torch.Tensor) or o.untyped_storage().nbytes() == 0:
             continue

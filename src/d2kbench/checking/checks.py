@@ -20,7 +20,7 @@ from d2kbench.tasks.schema import OutputSpec, Tolerance, Workload
 def structure(call: int, spec: OutputSpec, value: Any, workload: Workload,
               strides: list[int] | None = None) -> CheckResult:
     """Type (exactly ``torch.Tensor``), shape, dtype and, where the task declares one, the memory
-    layout (element strides) of one output.
+    layout (element strides) of one output (dimensions of size 1 and empty tensors exempt).
 
     ``strides`` are the strides the solution returned, as the worker reported them (a copy sent
     across processes may be re-laid out); default: ``value.stride()``.
@@ -38,7 +38,7 @@ def structure(call: int, spec: OutputSpec, value: Any, workload: Workload,
         return CheckResult(call=call, name=name, passed=False,
                            detail=f"{spec.name} has dtype {value.dtype}, expected {want_dtype}")
     declared = workload.strides.get(spec.name, spec.strides)
-    if declared is not None:
+    if declared is not None and value.numel():  # an empty tensor has no layout to check
         got = list(strides) if strides is not None else list(value.stride())
         need = output_shape(declared, workload)
         bad = [d for d, n in enumerate(want) if n > 1 and got[d] != need[d]]

@@ -50,7 +50,9 @@ def check_args(spec: TaskSpec, workload: Workload, args: list) -> list[str]:
     """Structural problems of ``args`` against the declared arguments (empty if none)."""
     problems = []
     for a, v in zip(spec.args, args):
-        if isinstance(a, TensorArg):
+        if isinstance(a, TensorArg) and a.count is not None:
+            problems += _list_problems(a, workload, v)
+        elif isinstance(a, TensorArg):
             if not isinstance(v, torch.Tensor):
                 problems.append(f"{a.name} is {type(v).__name__}, not a tensor")
                 continue
@@ -71,9 +73,44 @@ def check_args(spec: TaskSpec, workload: Workload, args: list) -> list[str]:
     return problems
 
 
+def _list_problems(a: TensorArg, workload: Workload, v) -> list[str]:
+    """Problems of the value ``v`` of the tensor-list argument ``a``: a list of ``count`` tensors
+    of ``a``'s shape, dtype and layout whose storages do not overlap (separate allocations)."""
+    want_n = workload.axes.get(str(a.count))
+    if not isinstance(v, list) or not all(isinstance(t, torch.Tensor) for t in v):
+        return [f"{a.name} is {type(v).__name__}, not a list of tensors"]
+    if len(v) != want_n:
+        return [f"{a.name} holds {len(v)} tensors, expected {a.count} = {want_n}"]
+    problems = []
+    want, want_dtype = output_shape(a.shape, workload), a.dtype_for(workload)
+    for r, t in enumerate(v):
+        if list(t.shape) != want or t.dtype != torch_dtype(want_dtype):
+            problems.append(f"{a.name}[{r}] is {list(t.shape)} {t.dtype}, expected {want} {want_dtype}")
+        if a.layout == "contiguous" and not t.is_contiguous():
+            problems.append(f"{a.name}[{r}] is not contiguous")
+    spans = sorted((t.untyped_storage().data_ptr(), t.untyped_storage().data_ptr() + t.untyped_storage().nbytes())
+                   for t in v if t.untyped_storage().nbytes())
+    if any(lo < prev_hi for (_, prev_hi), (lo, _) in zip(spans, spans[1:])):
+        problems.append(f"{a.name}: the tensors share storage; each must be its own allocation")
+    return problems
+
+
+def arg_tensors(args: list) -> list[torch.Tensor]:
+    """The tensors of an argument list, the elements of tensor-list arguments included, in order."""
+    out: list[torch.Tensor] = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif isinstance(a, list):
+            out.extend(t for t in a if isinstance(t, torch.Tensor))
+    return out
+
+
 def clone_args(args: list) -> list:
-    """Deep copy of an argument list (tensors cloned with their strides, scalars kept)."""
-    return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    """Deep copy of an argument list (tensors cloned with their strides, each element of a tensor
+    list into its own allocation, scalars kept)."""
+    return [a.clone() if isinstance(a, torch.Tensor) else [t.clone() for t in a] if isinstance(a, list) else a
+            for a in args]
 
 
 def dim_size(dim: str | int, workload: Workload) -> int:
@@ -99,4 +136,4 @@ def output_shape(shape: list, workload: Workload) -> list[int]:
 
 def args_nbytes(args: list) -> int:
     """Bytes held by the tensors of an argument list."""
-    return sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
+    return sum(a.numel() * a.element_size() for a in arg_tensors(args))

@@ -105,6 +105,9 @@ def check_reply(call: int, spec, wl: Workload, reference, args: list, expected: 
             for tol in wl.checks_for(aspec.name, spec.state_checks[aspec.name]):
                 results.append(apply(f"state:{aspec.name}", aspec.shape, tol.widened(slack), now, ref_state[i], None,
                                      expected.pristine[i]))
+        elif aspec.count is not None:  # a tensor list: every element untouched
+            results += [checks.untouched(call, f"{aspec.name}[{r}]", t, b) for r, (t, b) in
+                        enumerate(zip(now, expected.pristine[i]))]
         else:
             results.append(checks.untouched(call, aspec.name, now, expected.pristine[i]))
     return results, violations

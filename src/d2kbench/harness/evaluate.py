@@ -74,8 +74,33 @@ def resolve_device(device: str) -> str:
 
 
 def default_workloads(task: Task, device: str) -> list[Workload]:
-    """Registered workloads on the GPU, smoke workloads on the CPU."""
-    return list(task.spec.workloads if device == "cuda" else task.spec.smoke_workloads)
+    """Registered workloads on the GPU, smoke workloads on the CPU; never a distributed workload
+    (``ranks`` > 1), which this single-process harness does not run (:func:`skipped_by_default`)."""
+    return [w for w in (task.spec.workloads if device == "cuda" else task.spec.smoke_workloads) if w.ranks == 1]
+
+
+def skipped_by_default(task: Task, device: str) -> list[str]:
+    """``"<workload>: <reason>"`` for each registered workload that :func:`default_workloads`
+    leaves out on ``device`` (the distributed ones, on the GPU), for the command line to say so."""
+    if device != "cuda":
+        return []
+    return [f"{w.id}: {why.removeprefix('not run: ')}" for w in task.spec.workloads if (why := unrunnable(w, device))]
+
+
+def unrunnable(wl: Workload, device: str) -> str | None:
+    """Why the single-process harness does not run ``wl`` on ``device`` (None: it does).
+
+    A distributed workload (``ranks`` > 1) needs one GPU per rank and a runner that starts the
+    ranks; this harness runs one process on one device, so it reports such a workload
+    ``not_run`` with the reason instead of failing it.
+    """
+    if wl.ranks <= 1:
+        return None
+    have = torch.cuda.device_count() if device == "cuda" else 0
+    if have < wl.ranks:
+        return f"not run: needs {wl.ranks} GPUs (a distributed workload of {wl.ranks} ranks); this machine has {have}"
+    return (f"not run: a distributed workload of {wl.ranks} ranks runs under a multi-GPU runner, "
+            "not the single-process harness")
 
 
 #: Failures after which a solution is not run on its remaining workloads (the worker hung or died).
@@ -214,6 +239,13 @@ def _run_workload_step(n: int, wl: Workload, task: Task, reference, sols: _Solut
     fresh workers where needed, the workload's protocol, the results recorded; a solution that
     failed gets a fresh worker next time, one that stops gives up (unless ``keep_going``)."""
     running = [x for x in sols.handles if book.done(x) == n]
+    skip = unrunnable(wl, device)
+    if skip is not None:
+        for label in running:
+            book.record(label, WorkloadResult(workload=wl.id, status=Status.NOT_RUN, cause=skip,
+                                              correctness_only=wl.correctness_only))
+        say(f"{wl.id}: {skip}")
+        return
     for label in running:
         try:
             sols.restart(label)

@@ -588,8 +588,9 @@ class Guard:
         if self.trusted:
             return None, None
         rng = random.Random()
-        float_args = [a for a in sets[0] if isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel()
-                      and a.is_contiguous()]
+        from d2kbench.checking.inputs import arg_tensors, clone_args
+
+        float_args = [a for a in arg_tensors(sets[0]) if a.is_floating_point() and a.numel() and a.is_contiguous()]
         scales = [ops.finite_abs_max(a) for a in float_args]  # once: no reduction or sync per replay
         # a new value stays finite in the argument's dtype (e4m3 has no Inf: 2 x its largest code is NaN)
         limits = [float(torch.finfo(a.dtype).max) for a in float_args]
@@ -606,16 +607,15 @@ class Guard:
             if self.device == "cuda" and not self.trusted:
                 payload["replay_kernels"] = gpu.profile_replay(graph.replay)
             torch.cuda.synchronize()
-            last = {**package(keep[0], sets[0]), "args": [a.clone() if isinstance(a, torch.Tensor) else a for a in sets[0]]}
+            last = {**package(keep[0], sets[0]), "args": clone_args(sets[0])}
             # set 0 runs this many times per replay: a state update (an in-place residual) is applied as often
             verify = {"last_replay": last, "passes": max(1, calls // max(1, len(sets)))}
             if fresh_args is not None:
                 fresh = fresh_args()
-                same_scalars = all(isinstance(a, torch.Tensor) or a == b for a, b in zip(sets[0], fresh))
+                same_scalars = all(isinstance(a, (torch.Tensor, list)) or a == b for a, b in zip(sets[0], fresh))
                 if same_scalars:
-                    for dst, src in zip(sets[0], fresh):
-                        if isinstance(dst, torch.Tensor):
-                            dst.copy_(src)
+                    for dst, src in zip(arg_tensors(sets[0]), arg_tensors(fresh)):
+                        dst.copy_(src)
                     outs = list(keep[0]) if isinstance(keep[0], (tuple, list)) else [keep[0]]
                     for o in outs:
                         if isinstance(o, torch.Tensor):
@@ -623,7 +623,7 @@ class Guard:
                     graph.replay()
                     torch.cuda.synchronize()
                     verify["fresh"] = {**package(keep[0], sets[0]),
-                                       "args": [a.clone() if isinstance(a, torch.Tensor) else a for a in sets[0]]}
+                                       "args": clone_args(sets[0])}
             payload["verify"] = verify
             self.graph_payload = payload
 

@@ -75,18 +75,25 @@ SENSITIVITY_RUNS = tuple(8 ** k for k in range(1, 7))
 
 
 def _pick(args: list, spec_args: list, rng: secrets.SystemRandom):
-    """(index, copy of ``args``, flat view of the chosen argument in the copy) for a secretly
-    chosen floating-point tensor argument (weighted by size, so every element is equally
-    likely), or None when there is none (or it is not contiguous)."""
-    cands = [(i, a) for i, (a, s) in enumerate(zip(args, spec_args))
-             if isinstance(s, TensorArg) and isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel()]
+    """(label, original tensor, copy of ``args``, flat view of the chosen tensor in the copy) for
+    a secretly chosen floating-point tensor argument or element of a tensor-list argument
+    (weighted by size, so every element is equally likely), or None when there is none (or it
+    is not contiguous)."""
+    cands: list[tuple[int, int | None, torch.Tensor]] = [
+        (i, None, a) for i, (a, s) in enumerate(zip(args, spec_args))
+        if isinstance(s, TensorArg) and isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel()]
+    cands += [(i, r, t) for i, (a, s) in enumerate(zip(args, spec_args)) if isinstance(s, TensorArg) and s.count
+              and isinstance(a, list) for r, t in enumerate(a)
+              if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()]
     if not cands:
         return None
-    i, _ = rng.choices(cands, weights=[a.numel() for _, a in cands])[0]
+    i, r, orig = rng.choices(cands, weights=[a.numel() for _, _, a in cands])[0]
     new = clone_args(args)
-    if not new[i].is_contiguous():
+    chosen = new[i] if r is None else new[i][r]
+    if not chosen.is_contiguous():
         return None
-    return i, new, new[i].view(-1)
+    label = spec_args[i].name if r is None else f"{spec_args[i].name}[{r}]"
+    return label, orig, new, chosen.view(-1)
 
 
 def _describe(name: str, shape: tuple, j: int, n: int, old: float, now: float) -> str:
@@ -103,17 +110,17 @@ def perturb(args: list, spec_args: list, rng: secrets.SystemRandom, factor: floa
     got = _pick(args, spec_args, rng)
     if got is None:
         return None
-    i, new, flat = got
+    label, orig, new, flat = got
     j = rng.randrange(flat.numel())
     old = float(flat[j].float())  # float32 arithmetic: FP8 tensors have no max/abs kernels
-    scale = finite_abs_max(args[i])
+    scale = finite_abs_max(orig)
     lim = float(torch.finfo(flat.dtype).max) / 4
     target = old + rng.choice((-1.0, 1.0)) * factor * scale
     flat[j:j + 1].copy_(torch.tensor([max(-lim, min(lim, target))], dtype=torch.float32))
     now = float(flat[j].float())
     if now == old or now != now:
         return None
-    return new, _describe(spec_args[i].name, tuple(args[i].shape), j, 1, old, now)
+    return new, _describe(label, tuple(orig.shape), j, 1, old, now)
 
 
 def redraw(args: list, spec_args: list, rng: secrets.SystemRandom, run: int) -> tuple[list, str] | None:
@@ -126,7 +133,7 @@ def redraw(args: list, spec_args: list, rng: secrets.SystemRandom, run: int) -> 
     got = _pick(args, spec_args, rng)
     if got is None:
         return None
-    i, new, flat = got
+    label, orig, new, flat = got
     n = min(run, flat.numel())
     j = rng.randrange(flat.numel() - n + 1)
     gen = torch.Generator().manual_seed(rng.randrange(2 ** 63))
@@ -136,7 +143,7 @@ def redraw(args: list, spec_args: list, rng: secrets.SystemRandom, run: int) -> 
     bits[j:j + n] = bits[src].clone()
     if bits[j:j + n].equal(before.view(bits.dtype)):
         return None
-    return new, _describe(spec_args[i].name, tuple(args[i].shape), j, n, float(before[0].float()),
+    return new, _describe(label, tuple(orig.shape), j, n, float(before[0].float()),
                           float(flat[j].float()))
 
 

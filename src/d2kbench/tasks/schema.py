@@ -49,7 +49,14 @@ class _PerWorkloadDtype:
 
 
 class TensorArg(_Strict, _PerWorkloadDtype):
-    """One tensor argument of ``run``. ``shape`` names axes (or fixes sizes)."""
+    """One tensor argument of ``run``. ``shape`` names axes (or fixes sizes).
+
+    ``count`` (an axis name) makes the argument a *tensor list*: a Python list of ``count``
+    tensors, each of ``shape`` and its own allocation (storages that do not overlap), e.g. the
+    partial outputs of the ranks of a simulated tensor-parallel group. Every element is checked
+    like a tensor argument, perturbed by the sensitivity call like one, and must stay untouched;
+    a tensor list cannot be ``mutable``.
+    """
 
     name: str
     kind: Literal["tensor"]
@@ -58,7 +65,14 @@ class TensorArg(_Strict, _PerWorkloadDtype):
     dtype_param: str | None = None
     layout: str = "contiguous"
     mutable: bool = False
+    count: str | None = None
     description: str = ""
+
+    @model_validator(mode="after")
+    def _count(self) -> TensorArg:
+        if self.count is not None and (not self.count.isidentifier() or self.mutable):
+            raise ValueError(f"tensor {self.name!r}: 'count' needs an axis name, and a tensor list cannot be mutable")
+        return self
 
 
 class ScalarArg(_Strict):
@@ -195,6 +209,11 @@ class Workload(_Strict):
     #: roofline time is below the launch floor); by default derived from the task's floor work
     #: model and the measured launch floor (d2kbench.scoring.sol.bound_of), set only to override
     bound: Literal["compute", "memory", "latency"] | None = None
+    #: processes, one GPU each, that a *distributed* workload runs on (1: an ordinary workload).
+    #: The single-process harness does not run a workload of several ranks: it reports it
+    #: ``not_run`` with the reason (:func:`d2kbench.harness.evaluate.unrunnable`); a multi-GPU
+    #: runner checks its ranks' outputs with :func:`d2kbench.checking.ranks.identical_across_ranks`.
+    ranks: int = Field(default=1, ge=1)
 
     def checks_for(self, name: str, default: list[Tolerance]) -> list[Tolerance]:
         """The checks of output (or mutable argument) ``name`` on this workload."""
@@ -537,6 +556,7 @@ class TaskSpec(_Strict):
         """Every axis a workload must give: axis names in tensor-argument shapes, plus the axes
         that int scalar arguments are bound to (``ScalarArg.axis``)."""
         axes = {str(ax) for a in self.tensor_args() for ax in a.shape if is_axis_name(ax)}
+        axes |= {a.count for a in self.tensor_args() if a.count}
         return axes | {a.axis for a in self.args if isinstance(a, ScalarArg) and a.axis}
 
     def timing_for(self, workload: Workload) -> Timing:
