@@ -95,7 +95,7 @@ def make_inputs(workload: dict, seed: int, device: str | torch.device) -> dict:
     do = randn(B, S, Hq, D)
     if variant == "zero_rows":
         for b in range(B):
-            do[b, zero_row_mask(S, seed * 7 + b).to(device)] = 0
+            do[b, zero_row_mask(S, (seed * 7 + b) % (1 << 63)).to(device)] = 0
     scale = 1.0 / math.sqrt(D)
     o, lse = forward(q, k, v, scale)
     return {"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do, "scale": scale}

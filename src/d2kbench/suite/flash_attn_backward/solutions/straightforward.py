@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-BLOCK = 16 if _INTERPRET else 64
+BLOCK = 32 if _INTERPRET else 64
 
 
 @triton.jit
