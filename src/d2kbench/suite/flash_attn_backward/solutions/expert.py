@@ -58,9 +58,17 @@ LOG2E = 1.4426950408889634
 
 #: (BLOCK_M, BLOCK_N, num_warps, num_stages) candidates of the dK/dV kernel (BLOCK_N keys owned,
 #: BLOCK_M query rows per step; BLOCK_N a multiple of BLOCK_M) and of the dQ kernel (BLOCK_M
-#: query rows owned, BLOCK_N keys per step; BLOCK_M a multiple of BLOCK_N).
-_DKDV_CONFIGS = [(64, 128, 8, 2), (32, 128, 8, 2), (64, 64, 4, 3)]
-_DQ_CONFIGS = [(128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3)]
+#: query rows owned, BLOCK_N keys per step; BLOCK_M a multiple of BLOCK_N). The autotuner picks
+#: one per (S, D, G) on the first call. sm_90 resources at D = 128 (devtools/compile_sm90.py,
+#: ptxas): dK/dV (64, 128, 8, 2) 128 KB shared memory, 255 registers and 152 B of stack (the most
+#: MMA work per streamed Q/dO tile; kept because a small spill outside the MMAs may still win);
+#: (32, 128, 8, 3) 113 KB, 242 registers, no spills; (32, 128, 8, 2) 96 KB, 249 registers, no
+#: spills. (64, 64, 4, 3) spilled 360 B and (64, 64, 8, 2) 8 B with half the keys per program:
+#: dropped. dQ (128, 64, 8, 2) 128 KB, 217 registers; (128, 64, 8, 3) 160 KB, 194 registers;
+#: (128, 32, 8, 3) 112 KB, 142 registers; none spills ((128, 128, 8, 2) spilled 24 B: dropped).
+#: Not yet timed on the H200.
+_DKDV_CONFIGS = [(64, 128, 8, 2), (32, 128, 8, 3), (32, 128, 8, 2)]
+_DQ_CONFIGS = [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3)]
 
 
 def _configs(table):
