@@ -62,4 +62,4 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse:
     """
     t = [x.transpose(1, 2) for x in (do, q, k, v, o)]
     dq, dk, dv = _flash_bwd(*t, lse, scale)
-    return tuple(g.transpose(1, 2).contiguous() for g in (dq, dk, dv))  # type: ignore[return-value]
+    return dq.transpose(1, 2).contiguous(), dk.transpose(1, 2).contiguous(), dv.transpose(1, 2).contiguous()

@@ -19,6 +19,10 @@ L1 -- recompute P from the LSE; delta pre-pass; causal tile skipping; KV-owner p
     atomics). dQ of a query tile gets contributions from every earlier KV tile: a second kernel
     owns query tiles and recomputes P (two extra MMAs per tile pair) instead of fp32 atomic
     adds into a dq accumulator (deterministic, no zeroing or conversion pass, nothing to race).
+    The atomic variant is here too (``DQ_ATOMIC_MODE``, off until measured on the H200): the
+    dK/dV kernel then also forms dS K_n per tile pair and adds it to a float32 accumulator that the
+    pre-pass zeroes; a conversion kernel scales and rounds it (five MMAs per pair instead of
+    seven, at the cost of BLOCK_M x D atomic adds per pair).
 
 L2 -- dataflow.
     dK/dV kernel: a program = (b, KV head, key tile n); K_n, V_n stay on chip; dK_n, dV_n are fp32
@@ -70,6 +74,22 @@ LOG2E = 1.4426950408889634
 _DKDV_CONFIGS = [(64, 128, 8, 2), (32, 128, 8, 3), (32, 128, 8, 2)]
 _DQ_CONFIGS = [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3)]
 
+#: dQ mode. False (default): the separate dQ kernel recomputes P and dP (seven MMAs per causal
+#: tile pair, no atomics, deterministic). True: the dK/dV kernel also forms dQ_m += dS K_n and adds
+#: it to a float32 accumulator with relaxed atomics (five MMAs per pair; the pre-pass zeroes the
+#: accumulator, a conversion kernel applies the scale and rounds). Which is faster on the H200 at
+#: D = 128 is to be measured (the atomic traffic to L2 is BLOCK_M x D x 4 bytes per tile pair);
+#: ``_atomic_dq`` applies it to every shape when set.
+DQ_ATOMIC_MODE = False
+#: (BLOCK_M, BLOCK_N, num_warps, num_stages) of the dK/dV kernel in the atomic mode (its extra
+#: BLOCK_M x D fp32 product needs registers: the narrow query step).
+_ATOMIC_DKDV_CONFIG = (32, 128, 8, 2)
+
+
+def _atomic_dq(S: int, D: int, G: int) -> bool:
+    """Whether a shape takes the atomic dQ mode (see :data:`DQ_ATOMIC_MODE`)."""
+    return DQ_ATOMIC_MODE
+
 
 def _configs(table):
     if _INTERPRET:  # one small config: the interpreter runs every program in Python
@@ -84,10 +104,12 @@ def _bench(fn, quantiles):
 
 
 @triton.jit
-def _preprocess_kernel(O, DO, Delta, S, Hq,
+def _preprocess_kernel(O, DO, Delta, DQA, S, Hq,
                        stride_ob, stride_os, stride_oh, stride_db, stride_ds, stride_dh,
-                       HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
-    """delta[b, h, i] = sum_d o[b, i, h, d] * do[b, i, h, d] (fp32). Grid (cdiv(S, BLOCK), B * Hq)."""
+                       HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, ZERO_DQA: tl.constexpr):
+    """delta[b, h, i] = sum_d o[b, i, h, d] * do[b, i, h, d] (fp32). Grid (cdiv(S, BLOCK), B * Hq).
+    ZERO_DQA: also zero the same rows of the float32 dq accumulator DQA ([B, Hq, S, D]), so the
+    atomic mode needs no separate memset."""
     bh = tl.program_id(1)
     b = (bh // Hq).to(tl.int64)
     h = (bh % Hq).to(tl.int64)
@@ -98,16 +120,21 @@ def _preprocess_kernel(O, DO, Delta, S, Hq,
     do = tl.load(DO + b * stride_db + h * stride_dh + rows[:, None] * stride_ds + cols[None, :], mask=ok, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
     tl.store(Delta + bh.to(tl.int64) * S + rows, delta, mask=rows < S)
+    if ZERO_DQA:
+        tl.store(DQA + (bh.to(tl.int64) * S + rows[:, None]) * HEAD_DIM + cols[None, :],
+                 tl.zeros([BLOCK, HEAD_DIM], dtype=tl.float32), mask=ok)
 
 
 @triton.jit
 def _dkdv_step(dk, dv, k, v, q_tile, do_tile, lse_ptr, delta_ptr, qd_offs, offs_m, offs_n, qk_scale, S,
-               CAUSAL: tl.constexpr, BOUNDS: tl.constexpr):
+               dqa_tile, dqa_offs, CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, ATOMIC_DQ: tl.constexpr):
     """One query tile against the resident key tile (transposed formulation: rows are keys).
 
     P^T = exp2(K Q^T * qk_scale - lse2), dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta),
     dK += dS^T Q. CAUSAL: the tile crosses the diagonal (query m sees key n iff m >= n).
     BOUNDS: rows past S load as zero with lse = +inf, so their P is exactly 0.
+    ATOMIC_DQ: also add this tile pair's dQ_m contribution dS K_n (unscaled, fp32) to the dq
+    accumulator rows of the tile (``dqa_tile + dqa_offs``) with relaxed atomic adds.
     """
     if BOUNDS:
         row_ok = offs_m < S
@@ -129,14 +156,19 @@ def _dkdv_step(dk, dv, k, v, q_tile, do_tile, lse_ptr, delta_ptr, qd_offs, offs_
     dv = tl.dot(pT.to(do.dtype), do, dv)
     dpT = tl.dot(v, tl.trans(do))
     dsT = pT * (dpT - delta[None, :])
-    dk = tl.dot(dsT.to(q.dtype), q, dk)
+    ds16 = dsT.to(q.dtype)
+    dk = tl.dot(ds16, q, dk)
+    if ATOMIC_DQ:
+        dq_part = tl.dot(tl.trans(ds16), k)                          # [BLOCK_M, D]
+        if BOUNDS:
+            tl.atomic_add(dqa_tile + dqa_offs, dq_part, mask=(offs_m < S)[:, None], sem="relaxed")
+        else:
+            tl.atomic_add(dqa_tile + dqa_offs, dq_part, sem="relaxed")
     return dk, dv
 
 
-@triton.autotune(configs=_configs(_DKDV_CONFIGS), key=["S", "HEAD_DIM", "GROUP"], do_bench=_bench)
-@triton.heuristics({"EVEN": lambda a: a["S"] % a["BLOCK_N"] == 0})
 @triton.jit
-def _dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV,
+def _dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV, DQA,
                  qk_scale, scale, S, Hkv,
                  stride_qb, stride_qs, stride_qh,
                  stride_kb, stride_ks, stride_kh,
@@ -145,8 +177,10 @@ def _dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV,
                  stride_dkb, stride_dks, stride_dkh,
                  stride_dvb, stride_dvs, stride_dvh,
                  HEAD_DIM: tl.constexpr, GROUP: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr, ATOMIC_DQ: tl.constexpr):
     """One program = key tile n of one (b, KV head); accumulates dK_n, dV_n over the G query heads.
+    ATOMIC_DQ: also adds every tile pair's dQ contribution to DQA ([B, Hq, S, D] fp32, zeroed by
+    the pre-pass) with atomics; otherwise DQA is unused and the dQ kernel computes dq.
 
     1-D grid of cdiv(S, BLOCK_N) * B * Hkv programs, key tile slowest and ascending (tile 0 has
     the most query tiles: longest first). EVEN: S % BLOCK_N == 0 (then also S % BLOCK_M == 0),
@@ -179,6 +213,7 @@ def _dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV,
     # Loop-invariant int32 offsets of a [BLOCK_M, D] tile of Q / dO (their strides are equal:
     # the caller checks); the tile base is a scalar pointer advanced per step.
     qd_offs = offs_mb[:, None] * stride_qs + offs_d[None, :]
+    dqa_offs = offs_mb[:, None] * HEAD_DIM + offs_d[None, :]
     band_end = tl.minimum(start_n + BLOCK_N, S)
     for g in range(GROUP):
         h = kvh * GROUP + g
@@ -186,16 +221,17 @@ def _dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV,
         do_head = DO + b * stride_dob + h * stride_doh
         lse_ptr = LSE + (b * Hq + h) * S
         delta_ptr = Delta + (b * Hq + h) * S
+        dqa_head = DQA + (b * Hq + h) * S * HEAD_DIM
         # The band: query tiles overlapping the key tile (causal select).
         for start_m in range(start_n, band_end, BLOCK_M):
             dk, dv = _dkdv_step(dk, dv, k, v, q_head + start_m * stride_qs, do_head + start_m * stride_dos,
                                 lse_ptr, delta_ptr, qd_offs, start_m + offs_mb, offs_n, qk_scale, S,
-                                True, not EVEN)
+                                dqa_head + start_m * HEAD_DIM, dqa_offs, True, not EVEN, ATOMIC_DQ)
         # Every later query tile sees all keys of the tile: no select.
         for start_m in range(start_n + BLOCK_N, S, BLOCK_M):
             dk, dv = _dkdv_step(dk, dv, k, v, q_head + start_m * stride_qs, do_head + start_m * stride_dos,
                                 lse_ptr, delta_ptr, qd_offs, start_m + offs_mb, offs_n, qk_scale, S,
-                                False, not EVEN)
+                                dqa_head + start_m * HEAD_DIM, dqa_offs, False, not EVEN, ATOMIC_DQ)
 
     dk = dk * scale
     out_ok = offs_n[:, None] < S
@@ -203,6 +239,28 @@ def _dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV,
              dk.to(DK.dtype.element_ty), mask=out_ok)
     tl.store(DV + b * stride_dvb + kvh * stride_dvh + offs_n[:, None] * stride_dvs + offs_d[None, :],
              dv.to(DV.dtype.element_ty), mask=out_ok)
+
+
+#: The recompute mode's dK/dV kernel, autotuned (kernel argument ATOMIC_DQ = False). The atomic mode launches
+#: ``_dkdv_kernel`` directly with a fixed tile: autotuning would benchmark it several times into
+#: the same accumulator.
+_dkdv_tuned = triton.autotune(configs=_configs(_DKDV_CONFIGS), key=["S", "HEAD_DIM", "GROUP"], do_bench=_bench)(
+    triton.heuristics({"EVEN": lambda a: a["S"] % a["BLOCK_N"] == 0})(_dkdv_kernel))
+
+
+@triton.jit
+def _dq_convert_kernel(DQA, DQ, scale, S, Hq, stride_b, stride_s, stride_h,
+                       HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+    """dq[b, i, h, :] = scale * dqa[b, h, i, :] in dq's dtype (atomic mode). Grid (cdiv(S, BLOCK), B * Hq)."""
+    bh = tl.program_id(1)
+    b = (bh // Hq).to(tl.int64)
+    h = (bh % Hq).to(tl.int64)
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    cols = tl.arange(0, HEAD_DIM)
+    ok = rows[:, None] < S
+    acc = tl.load(DQA + (bh.to(tl.int64) * S + rows[:, None]) * HEAD_DIM + cols[None, :], mask=ok, other=0.0)
+    tl.store(DQ + b * stride_b + h * stride_h + rows[:, None] * stride_s + cols[None, :],
+             (acc * scale).to(DQ.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -313,24 +371,33 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse:
     if D not in (16, 32, 64, 128, 256) or not all(t.is_contiguous() for t in (q, k, v, o, do, lse)):
         raise ValueError("head dim must be a power of two in [16, 256]; inputs must be contiguous")
     G = Hq // Hkv
+    atomic = _atomic_dq(S, D, G)
     delta = torch.empty((B, Hq, S), device=q.device, dtype=torch.float32)
+    dqa = torch.empty((B, Hq, S, D), device=q.device, dtype=torch.float32) if atomic else delta
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     pre_block = 32 if _INTERPRET else 128
     _preprocess_kernel[(triton.cdiv(S, pre_block), B * Hq)](
-        o, do, delta, S, Hq, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2),
-        HEAD_DIM=D, BLOCK=pre_block, num_warps=4)
+        o, do, delta, dqa, S, Hq, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2),
+        HEAD_DIM=D, BLOCK=pre_block, ZERO_DQA=atomic, num_warps=4)
     qk_scale = scale * LOG2E
-    _dkdv_kernel[lambda meta: (triton.cdiv(S, meta["BLOCK_N"]) * B * Hkv,)](
-        q, k, v, do, lse, delta, dk, dv, qk_scale, scale, S, Hkv,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        do.stride(0), do.stride(1), do.stride(2),
-        dk.stride(0), dk.stride(1), dk.stride(2),
-        dv.stride(0), dv.stride(1), dv.stride(2),
-        HEAD_DIM=D, GROUP=G)
+    args = (q, k, v, do, lse, delta, dk, dv, dqa, qk_scale, scale, S, Hkv,
+            q.stride(0), q.stride(1), q.stride(2),
+            k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2),
+            do.stride(0), do.stride(1), do.stride(2),
+            dk.stride(0), dk.stride(1), dk.stride(2),
+            dv.stride(0), dv.stride(1), dv.stride(2))
+    if atomic:
+        bm, bn, warps, stages = (16, 32, 1, 1) if _INTERPRET else _ATOMIC_DKDV_CONFIG
+        _dkdv_kernel[(triton.cdiv(S, bn) * B * Hkv,)](
+            *args, HEAD_DIM=D, GROUP=G, BLOCK_M=bm, BLOCK_N=bn, EVEN=S % bn == 0, ATOMIC_DQ=True,
+            num_warps=warps, num_stages=stages)
+        _dq_convert_kernel[(triton.cdiv(S, pre_block), B * Hq)](
+            dqa, dq, scale, S, Hq, dq.stride(0), dq.stride(1), dq.stride(2), HEAD_DIM=D, BLOCK=pre_block, num_warps=4)
+        return dq, dk, dv
+    _dkdv_tuned[lambda meta: (triton.cdiv(S, meta["BLOCK_N"]) * B * Hkv,)](*args, HEAD_DIM=D, GROUP=G, ATOMIC_DQ=False)
     _dq_kernel[lambda meta: (triton.cdiv(S, meta["BLOCK_M"]) * B * Hq,)](
         q, k, v, do, lse, delta, dq, qk_scale, scale, S, Hkv,
         q.stride(0), q.stride(1), q.stride(2),
