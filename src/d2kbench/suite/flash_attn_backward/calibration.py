@@ -81,13 +81,15 @@ def _bwd(q, k, v, o, lse, do, scale, *, round_p=True, round_ds=True, partials_16
     return dq.to(dt), dk.to(dt), dv.to(dt)
 
 
-#: (name, function of the run arguments -> (dq, dk, dv), "accept" | "reject").
+#: (name, function of the run arguments -> (dq, dk, dv), "accept" | "reject"). Scores rounded to
+#: q's dtype before the exponential (``scores_16bit``) is no probe: it sits at the bounds (bf16
+#: 3.9-5.4e-3 against 6e-3; float16 smoke draws up to 1.24x the 8e-4 bound, 2 of 75), neither
+#: promised nor rejected.
 PROBES = [
     ("reference", reference_run, "accept"),
     ("p_ds_rounded", _bwd, "accept"),
     ("gqa_partials_16bit", lambda *a: _bwd(*a, partials_16bit=True), "accept"),
     ("accumulator_16bit_64_rows", lambda *a: _bwd(*a, acc_rows=64), "reject"),
-    ("scores_rounded", lambda *a: _bwd(*a, scores_16bit=True), "accept"),
     ("delta_dropped", lambda *a: _bwd(*a, delta=False), "reject"),
     ("not_causal", lambda *a: _bwd(*a, causal=False), "reject"),
     ("no_group_sum", lambda *a: _bwd(*a, group_sum=False), "reject"),
