@@ -39,9 +39,10 @@ def _bwd(q, k, v, o, lse, do, scale, *, round_p=True, round_ds=True, partials_16
     def r16(x, on=True):
         return x.to(dt).float() if on else x
 
-    dq = torch.empty((B, S, Hq, D), dtype=torch.float32)
-    dk = torch.zeros((B, S, Hkv, D), dtype=torch.float32)
-    dv = torch.zeros((B, S, Hkv, D), dtype=torch.float32)
+    dev = q.device
+    dq = torch.empty((B, S, Hq, D), dtype=torch.float32, device=dev)
+    dk = torch.zeros((B, S, Hkv, D), dtype=torch.float32, device=dev)
+    dv = torch.zeros((B, S, Hkv, D), dtype=torch.float32, device=dev)
     rows = acc_rows or 256
     prev = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -49,8 +50,8 @@ def _bwd(q, k, v, o, lse, do, scale, *, round_p=True, round_ds=True, partials_16
         for b in range(B):
             kb = k[b].float().transpose(0, 1).repeat_interleave(G, dim=0)
             vb = v[b].float().transpose(0, 1).repeat_interleave(G, dim=0)
-            dkb = torch.zeros((Hq, S, D))
-            dvb = torch.zeros((Hq, S, D))
+            dkb = torch.zeros((Hq, S, D), device=dev)
+            dvb = torch.zeros((Hq, S, D), device=dev)
             for r0 in range(0, S, rows):
                 r1 = min(S, r0 + rows)
                 qc = q[b, r0:r1].float().transpose(0, 1)
@@ -61,9 +62,9 @@ def _bwd(q, k, v, o, lse, do, scale, *, round_p=True, round_ds=True, partials_16
                 lc = lse[b, :, r0:r1][..., None]
                 p = torch.exp2(s * math.log2(math.e) - lc) if lse_log2 else torch.exp(s - lc)
                 if causal:
-                    i = torch.arange(r0, r1)[:, None]
-                    p = p.masked_fill(torch.arange(S)[None, :] > i, 0.0)
-                dlt = (doc * oc).sum(-1, keepdim=True) if delta else torch.zeros(1)
+                    i = torch.arange(r0, r1, device=dev)[:, None]
+                    p = p.masked_fill(torch.arange(S, device=dev)[None, :] > i, 0.0)
+                dlt = (doc * oc).sum(-1, keepdim=True) if delta else torch.zeros(1, device=dev)
                 ds = p * (torch.matmul(doc, vb.transpose(1, 2)) - dlt)
                 dq[b, r0:r1] = (torch.matmul(r16(ds, round_ds), kb) * (scale if dq_scale else 1.0)).transpose(0, 1)
                 dkb += torch.matmul(r16(ds, round_ds).transpose(1, 2), qc) * (scale if dk_scale else 1.0)
