@@ -71,8 +71,6 @@ ASSERTED: dict[tuple[str, str], list[str]] = {
     # tests/test_task_fused_linear_cross_entropy.py: the correctness-only workload (two chunks)
     ("fused_linear_cross_entropy", "expert"): ["smoke_bt40_h32_v700_large_logits"],
     ("fused_linear_cross_entropy", "straightforward"): ["smoke_bt40_h32_v700_large_logits"],
-    # tests/test_task_flash_attn_backward.py: the zero-do rows (the group of 3: in-process there)
-    ("flash_attn_backward", "expert"): ["smoke_zero_do_b1_s50_h4x1_d64"],
     # tests/test_task_fused_qkv_norm_rope_cache.py
     ("fused_qkv_norm_rope_cache", "expert"): ["smoke_t20_h2x2_d16_zero_padding"],
     ("fused_qkv_norm_rope_cache", "straightforward"): ["smoke_t6_h4x2_d32_decode"],
