@@ -8,7 +8,9 @@ input rows, ``y [T, N]`` the base layer's output, whose ``N`` columns are ``S`` 
 ``s`` and every column ``n`` of that slice (``slice_offsets[s] <= n < slice_offsets[s + 1]``)::
 
     h[s, t, :] = x[t, :] @ lora_a[s, l, :, :]^T                          (shrink, rank R, FP32)
-    y[t, n]    = dtype( float32(y[t, n]) + lora_scales[l] * (h[s, t, :] @ lora_b[l, n, :]) )
+    y[t, n]    = dtype( float32(y[t, n]) + scale * (h[s, t, :] @ lora_b[l, n, :]) )
+
+``scale`` is the LoRA scaling alpha / r (one value for the call, as in punica and vLLM).
 
 in place (the expand adds into y: the base output is kept). Rows of tokens with ``l = -1``
 are left bit-identical. The reference keeps ``h`` in FP32 (no TF32); implementations may round
@@ -129,8 +131,9 @@ def make_inputs(workload: dict, seed: int, device: str | torch.device) -> dict:
         ``x [T, K]`` (standard normal), ``y [T, N]`` (standard normal: the base output),
         ``lora_a [S, L, R, K]`` (scaled by 1/sqrt(K), so h is O(1)), ``lora_b [L, N, R]``
         (scaled by 1/sqrt(R), so the expand is O(1) too: a wrong delta is visible against the
-        base), ``slice_offsets [S + 1]`` int32, ``token_lora_mapping [T]`` int32,
-        ``lora_scales [L]`` float32 (alpha / r of each adapter, 0.25 .. 2, never 1).
+        base), ``slice_offsets [S + 1]`` int32, ``token_lora_mapping [T]`` int32, ``scale``
+        (the workload's ``scale`` parameter, alpha / r, default 2.0; never 1, so a dropped
+        scaling is visible).
     """
     T, K, N, R, L, S = (int(workload[a]) for a in ("T", "K", "N", "R", "L", "S"))
     dtype = getattr(torch, str(workload.get("dtype", "bfloat16")))
@@ -143,25 +146,24 @@ def make_inputs(workload: dict, seed: int, device: str | torch.device) -> dict:
     y = torch.randn(T, N, generator=gen, device=device)
     a = torch.randn(S, L, R, K, generator=gen, device=device) * K ** -0.5
     b = torch.randn(L, N, R, generator=gen, device=device) * R ** -0.5
-    choices = torch.tensor([0.25, 0.5, 0.75, 1.5, 2.0], device=device)
-    scales = choices[torch.randint(0, 5, (L,), generator=gen, device=device)]
     offsets = torch.tensor([0, *torch.tensor(widths).cumsum(0).tolist()], dtype=torch.int32)
     return {
         "x": x.to(dtype).contiguous(), "y": y.to(dtype).contiguous(),
         "lora_a": a.to(dtype).contiguous(), "lora_b": b.to(dtype).contiguous(),
         "slice_offsets": offsets.to(device), "token_lora_mapping": mapping.to(device),
-        "lora_scales": scales.to(torch.float32).contiguous(),
+        "scale": float(workload.get("scale", 2.0)),
     }
 
 
 def lora_delta(x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, slice_offsets: torch.Tensor,
-               token_lora_mapping: torch.Tensor, lora_scales: torch.Tensor,
+               token_lora_mapping: torch.Tensor, scale: float,
                round_h: torch.dtype | None = None) -> torch.Tensor:
     """The FP32 LoRA update ``[T, N]`` (zero rows for tokens without an adapter).
 
     ``round_h``: round the shrink output ``h`` to this dtype before the expand (the accepted
     vLLM variant; None keeps FP32). Dense over adapters and masked (no host synchronisation):
-    ``T (S K + N) R L`` multiply-adds in FP32.
+    ``T R L (S K + S N)`` multiply-adds in FP32 (each slice's product over all N columns,
+    masked to the slice's own).
     """
     T = x.shape[0]
     S, L, R, K = lora_a.shape
@@ -174,15 +176,15 @@ def lora_delta(x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, slic
         h = torch.einsum("tk,srk->str", xf, lora_a[:, l].float())                     # [S, T, R]
         if round_h is not None:
             h = h.to(round_h).float()
-        hn = h.index_select(0, col_slice)                                              # [N, T, R]
-        d = torch.einsum("ntr,nr->tn", hn, lora_b[l].float())
-        sel = (token_lora_mapping == l).to(torch.float32) * lora_scales[l]
-        delta += sel[:, None] * d
+        d = torch.zeros(T, N, dtype=torch.float32, device=x.device)
+        for s in range(S):                                                             # each slice's columns
+            d += (h[s] @ lora_b[l].float().T) * (col_slice == s).to(torch.float32)[None, :]
+        delta += ((token_lora_mapping == l).to(torch.float32) * scale)[:, None] * d
     return delta
 
 
 def run(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, slice_offsets: torch.Tensor,
-        token_lora_mapping: torch.Tensor, lora_scales: torch.Tensor) -> None:
+        token_lora_mapping: torch.Tensor, scale: float) -> None:
     """Reference multi-LoRA shrink + expand, adding into ``y`` in place.
 
     Args:
@@ -192,11 +194,11 @@ def run(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Te
         lora_b: ``[L, N, R]`` same dtype (B of every slice, concatenated along N in y's column order).
         slice_offsets: ``[S + 1]`` int32, ``0 = o_0 < o_1 < ... < o_S = N``.
         token_lora_mapping: ``[T]`` int32 in ``[-1, L)``.
-        lora_scales: ``[L]`` float32.
+        scale: the LoRA scaling (alpha / r).
 
     Returns:
         None (in place).
     """
-    delta = lora_delta(x, lora_a, lora_b, slice_offsets, token_lora_mapping, lora_scales)
+    delta = lora_delta(x, lora_a, lora_b, slice_offsets, token_lora_mapping, scale)
     keep = (token_lora_mapping < 0)[:, None]
     y.copy_(torch.where(keep, y, (y.float() + delta).to(y.dtype)))

@@ -2,11 +2,11 @@
 
 Contract (identical to ``reference.run``)
 ------------------------------------------
-``run(x, y, lora_a, lora_b, slice_offsets, token_lora_mapping, lora_scales)``: ``x [T, K]``,
+``run(x, y, lora_a, lora_b, slice_offsets, token_lora_mapping, scale)``: ``x [T, K]``,
 ``y [T, N]`` (updated in place), ``lora_a [S, L, R, K]``, ``lora_b [L, N, R]`` (bf16; fp16/fp32
 on CPU smoke runs), ``slice_offsets [S + 1]`` int32, ``token_lora_mapping [T]`` int32 (-1: no
-adapter), ``lora_scales [L]`` float32. For each token t with adapter l >= 0 and each column n of
-slice s: ``y[t, n] += lora_scales[l] * (x[t] @ lora_a[s, l].T) @ lora_b[l, n]``; rows of tokens
+adapter), ``scale`` float. For each token t with adapter l >= 0 and each column n of
+slice s: ``y[t, n] += scale * (x[t] @ lora_a[s, l].T) @ lora_b[l, n]``; rows of tokens
 without an adapter are never read or written.
 
 Design
@@ -162,10 +162,10 @@ def _shrink_kernel(x_ptr, a_ptr, buf_ptr, sorted_ptr, counts_ptr, L, K, k_per_sp
 
 
 @triton.jit
-def _expand_kernel(buf_ptr, b_ptr, y_ptr, sorted_ptr, counts_ptr, offs_ptr, scales_ptr, L, N, S, SR,
+def _expand_kernel(buf_ptr, b_ptr, y_ptr, sorted_ptr, counts_ptr, offs_ptr, scale, L, N, S, SR,
                    stride_bl, stride_bn, stride_yt,
                    R: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, LP: tl.constexpr, SP: tl.constexpr):
-    """y[tok(p), n] += scale_l * (buf[p, s R : s R + R] . lora_b[l, n]) for the BM sorted positions
+    """y[tok(p), n] += scale * (buf[p, s R : s R + R] . lora_b[l, n]) for the BM sorted positions
     p of row tile program_id(0) and BN columns n (slice s of each column from slice_offsets)."""
     j = tl.program_id(0)
     lora, row0, row_end = _tile_of(counts_ptr, j, L, BM, LP)
@@ -190,7 +190,6 @@ def _expand_kernel(buf_ptr, b_ptr, y_ptr, sorted_ptr, counts_ptr, offs_ptr, scal
         h = tl.load(h_base + s * R, mask=rmask[:, None], other=0.0)
         bt = tl.load(b_base, mask=(nmask & (col_slice == s))[None, :], other=0.0)
         acc = tl.dot(h.to(bt.dtype), bt, acc)
-    scale = tl.load(scales_ptr + lora)
     y_ptrs = y_ptr + tok[:, None] * stride_yt + cols[None, :]
     ymask = rmask[:, None] & nmask[None, :]
     yv = tl.load(y_ptrs, mask=ymask, other=0.0)
@@ -236,17 +235,17 @@ def config_for(T: int, K: int, N: int, R: int, L: int, S: int, sms: int) -> Lora
 
 
 def run(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, slice_offsets: torch.Tensor,
-        token_lora_mapping: torch.Tensor, lora_scales: torch.Tensor) -> None:
+        token_lora_mapping: torch.Tensor, scale: float) -> None:
     """Multi-LoRA shrink + expand into ``y`` in place (shapes in the module docstring); no host
     synchronisation."""
     T, K = x.shape
     S, L, R, _ = lora_a.shape
     N = y.shape[1]
     cfg = config_for(T, K, N, R, L, S, _num_sms(x.device))
-    lora_shrink_expand(x, y, lora_a, lora_b, slice_offsets, token_lora_mapping, lora_scales, cfg)
+    lora_shrink_expand(x, y, lora_a, lora_b, slice_offsets, token_lora_mapping, scale, cfg)
 
 
-def lora_shrink_expand(x, y, lora_a, lora_b, slice_offsets, token_lora_mapping, lora_scales, cfg: LoraConfig) -> None:
+def lora_shrink_expand(x, y, lora_a, lora_b, slice_offsets, token_lora_mapping, scale, cfg: LoraConfig) -> None:
     """:func:`run` with an explicit :class:`LoraConfig` (tests and GPU tuning sweeps)."""
     T, K = x.shape
     S, L, R, _ = lora_a.shape
@@ -280,7 +279,7 @@ def lora_shrink_expand(x, y, lora_a, lora_b, slice_offsets, token_lora_mapping, 
         R=R, SRP=max(16, triton.next_power_of_2(SR)), BM=cfg.bm, BK=cfg.bk, LP=LP, ATOMIC=atomic,
         num_warps=cfg.warps_s, num_stages=cfg.stages_s)
     _expand_kernel[(max_tiles, triton.cdiv(N, cfg.bn))](
-        buf, lora_b, y, sorted_ids, counts, slice_offsets, lora_scales, L, N, S, SR,
+        buf, lora_b, y, sorted_ids, counts, slice_offsets, scale, L, N, S, SR,
         lora_b.stride(0), lora_b.stride(1), y.stride(0),
         R=R, BM=cfg.bm, BN=cfg.bn, LP=LP, SP=max(2, triton.next_power_of_2(S)),
         num_warps=cfg.warps_e, num_stages=cfg.stages_e)

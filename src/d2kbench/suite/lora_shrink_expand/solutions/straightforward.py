@@ -46,10 +46,10 @@ def _bgmv_shrink_kernel(x_ptr, a_ptr, h_ptr, map_ptr, K, SR,
 
 
 @triton.jit
-def _bgmv_expand_kernel(h_ptr, b_ptr, y_ptr, map_ptr, offs_ptr, scales_ptr, N, S, SR,
+def _bgmv_expand_kernel(h_ptr, b_ptr, y_ptr, map_ptr, offs_ptr, scale, N, S, SR,
                         stride_bl, stride_bn, stride_yt,
                         R: tl.constexpr, BN: tl.constexpr, SP: tl.constexpr):
-    """y[t, n] += scale_l * (h[t, s(n) R : s(n) R + R] . lora_b[l_t, n]) for token program_id(0) and
+    """y[t, n] += scale * (h[t, s(n) R : s(n) R + R] . lora_b[l_t, n]) for token program_id(0) and
     BN columns (skipped when l_t = -1)."""
     t = tl.program_id(0)
     lora = tl.load(map_ptr + t)
@@ -64,18 +64,17 @@ def _bgmv_expand_kernel(h_ptr, b_ptr, y_ptr, map_ptr, offs_ptr, scales_ptr, N, S
         bv = tl.load(b_ptr + lora.to(tl.int64) * stride_bl + cols[:, None].to(tl.int64) * stride_bn + rr[None, :],
                      mask=nmask[:, None], other=0.0)
         d = tl.sum(hv * bv.to(tl.float32), axis=1)
-        scale = tl.load(scales_ptr + lora)
         y_ptrs = y_ptr + t.to(tl.int64) * stride_yt + cols
         yv = tl.load(y_ptrs, mask=nmask, other=0.0)
         tl.store(y_ptrs, (yv.to(tl.float32) + d * scale).to(y_ptr.dtype.element_ty), mask=nmask)
 
 
 def run(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, slice_offsets: torch.Tensor,
-        token_lora_mapping: torch.Tensor, lora_scales: torch.Tensor) -> None:
+        token_lora_mapping: torch.Tensor, scale: float) -> None:
     """Per-token multi-LoRA shrink + expand into ``y`` in place (no host synchronisation).
 
     Args: as ``reference.run``: x [T, K], y [T, N], lora_a [S, L, R, K], lora_b [L, N, R],
-    slice_offsets [S + 1] int32, token_lora_mapping [T] int32, lora_scales [L] float32.
+    slice_offsets [S + 1] int32, token_lora_mapping [T] int32, scale float.
     """
     T, K = x.shape
     S, L, R, _ = lora_a.shape
@@ -92,6 +91,6 @@ def run(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Te
                               x.stride(0), lora_a.stride(0), lora_a.stride(1), lora_a.stride(2),
                               R=R, SRP=SRP, BK=bk, num_warps=4)
     bn = 32 if _INTERPRET else 128
-    _bgmv_expand_kernel[(T, triton.cdiv(N, bn))](h, lora_b, y, mapping, slice_offsets, lora_scales, N, S, SR,
+    _bgmv_expand_kernel[(T, triton.cdiv(N, bn))](h, lora_b, y, mapping, slice_offsets, scale, N, S, SR,
                                                  lora_b.stride(0), lora_b.stride(1), y.stride(0),
                                                  R=R, BN=bn, SP=max(2, triton.next_power_of_2(S)), num_warps=4)
