@@ -64,7 +64,8 @@ def make_mapping(workload: dict, seed: int) -> torch.Tensor:
       * ``none``: no token uses an adapter (every row of y must stay bit-identical).
     ``segmented`` and ``random`` use every adapter at least once (the SOL counts every adapter's
     weights), unless ``empty`` (int) adapters are left without tokens; ``pad: quarter`` makes a
-    quarter of the tokens adapter-less; ``singleton: true`` gives adapter 0 exactly one token.
+    quarter of the tokens adapter-less; ``singleton: true`` gives adapter 0 exactly one token
+    (``empty`` then counts the other adapters without tokens).
 
     Raises:
         ValueError: an unknown mapping kind, or too few tokens to use every adapter.
@@ -78,10 +79,9 @@ def make_mapping(workload: dict, seed: int) -> torch.Tensor:
         return torch.full((T,), L - 1, dtype=torch.int32)
     n_pad = T // 4 if str(workload.get("pad", "some")) == "quarter" else T // NO_ADAPTER_DIV
     empty = int(workload.get("empty", 0))
-    used = torch.randperm(L, generator=gen)[:L - empty]          # adapters that receive tokens
     singleton = bool(workload.get("singleton", False))
-    if singleton:
-        used = used[used != 0]
+    first = int(singleton)                                        # adapter 0 is the singleton's
+    used = first + torch.randperm(L - first, generator=gen)[:L - first - empty]   # adapters with tokens
     if T - n_pad - int(singleton) < used.numel():
         raise ValueError(f"T = {T} too small to use {used.numel()} adapters")
     if kind == "random":
