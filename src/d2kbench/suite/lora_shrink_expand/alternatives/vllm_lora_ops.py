@@ -6,7 +6,7 @@ intermediate of every slice into an FP32 buffer [S, T, R], the expand adds each 
 product into y's columns (``add_inputs=True``). Both kernels read vLLM's per-batch metadata
 (tokens sorted by adapter, tokens per adapter, start offsets, adapter ids); vLLM computes it
 once per step with ``torch.unique`` (a host synchronisation), so here it is built on the
-device with ``argsort`` / ``bincount`` / ``cumsum`` in the call (graph-capturable), listing all
+device with ``argsort`` / ``scatter_add_`` / ``cumsum`` in the call (graph-capturable), listing all
 L adapters plus the -1 "no adapter" id, which the kernels skip.
 
 The slice widths are read from ``slice_offsets`` once per (S, N) shape (the first, eager
@@ -60,7 +60,8 @@ def run(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Te
     dev = x.device
     mapping = token_lora_mapping.to(torch.int32)
     sorted_ids = torch.argsort(mapping, stable=True).to(torch.int32)
-    counts = torch.bincount((mapping + 1).to(torch.int64), minlength=L + 1).to(torch.int32)
+    counts = torch.zeros(L + 1, dtype=torch.int32, device=dev)            # bincount would sync (its max)
+    counts.scatter_add_(0, (mapping + 1).to(torch.int64), torch.ones_like(mapping))
     start_loc = torch.zeros(L + 2, dtype=torch.int32, device=dev)
     start_loc[1:] = torch.cumsum(counts, 0).to(torch.int32)
     lora_ids = torch.arange(-1, L, dtype=torch.int32, device=dev)
