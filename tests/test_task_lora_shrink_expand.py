@@ -208,3 +208,31 @@ def test_vllm_alternative_names_its_package():
         args = make_args(t.reference_module(), t.spec, t.spec.workload("smoke_t24_k64_s3_decode"), 1, "cpu")
         with pytest.raises(ImportError, match="vllm"):
             alt.run(*args)
+
+
+def test_expert_zeroes_its_buffers_inside_the_call(monkeypatch):
+    """The split-K buffer (FP32 atomics) and the sort's outputs come from torch.empty, which holds
+    garbage on the GPU but often zeros on the CPU: with every float buffer the expert allocates
+    poisoned with NaN and every int32 buffer with a large value, it still matches, with split-K
+    on both sort paths (one launch at T = 24, two launches at T = 150)."""
+    import types
+
+    t = _task()
+    mod = import_file(t.root / "solutions" / "expert.py", name="lora_expert_poisoned")
+
+    def poisoned(*a, **k):
+        out = torch.empty(*a, **k)
+        if out.is_floating_point():
+            out.fill_(float("nan"))
+        elif out.dtype == torch.int32:
+            out.fill_(12345)
+        return out
+
+    proxy = types.ModuleType("torch_poisoned")
+    proxy.__dict__.update(torch.__dict__)
+    proxy.empty = poisoned  # type: ignore[attr-defined]
+    monkeypatch.setattr(mod, "torch", proxy)
+    for wid in ("smoke_t24_k64_s3_decode", "smoke_t150_k128_s2_segmented"):
+        cfg = mod.LoraConfig(bm=16, bk=32, split=2, bn=32, warps_s=1, stages_s=1, warps_e=1, stages_e=1)
+        split_k = types.SimpleNamespace(run=lambda *a, cfg=cfg: mod.lora_shrink_expand(*a, cfg))
+        assert _failed_checks(split_k, wid, 6) == [], wid

@@ -26,7 +26,7 @@ L1 -- group the tokens by adapter once; two skinny GEMMs per adapter.
 L2 -- dataflow.
     The sort writes sorted token ids and per-adapter counts (two launches at prefill, one at
     decode: per-chunk histograms, then each chunk's exclusive offsets and in-chunk ranks; stable,
-    no atomics); it also zeroes the FP32 shrink buffer. Shrink and expand programs derive their
+    no atomics); extra programs of its first launch zero the FP32 shrink buffer meanwhile. Shrink and expand programs derive their
     tile's adapter and rows from the counts ([L] values: a cumsum in registers); the grids are
     sized for the static worst case cdiv(T, BM) + L tiles and surplus programs exit at once,
     so the call has no host synchronisation (CUDA-graph safe). The buffer [T, S R] is indexed by
@@ -52,6 +52,8 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 #: Tokens per program of the grouping sort.
 CHUNK = 64 if _INTERPRET else 256
+#: Rows of the FP32 shrink buffer zeroed per extra program of the sort launch.
+ZERO_ROWS = 32
 
 _SM_COUNT: dict[int, int] = {}
 
@@ -67,15 +69,25 @@ def _num_sms(device: torch.device) -> int:
 
 @triton.jit
 def _group_kernel(map_ptr, hist_ptr, sorted_ptr, counts_ptr, buf_ptr, T, L, C, buf_cols,
-                  CH: tl.constexpr, LP: tl.constexpr, CP: tl.constexpr, BC: tl.constexpr,
+                  CH: tl.constexpr, LP: tl.constexpr, CP: tl.constexpr, BC: tl.constexpr, ZR: tl.constexpr,
                   PHASE: tl.constexpr, ZERO: tl.constexpr):
     """Counting sort of the tokens by adapter. Program c owns tokens [c CH, (c + 1) CH).
 
     PHASE 0: one program does everything (C == 1). PHASE 1: per-chunk histograms into
     hist [C, LP]. PHASE 2: exclusive offsets of this chunk per adapter (from all histograms),
     in-chunk ranks, scatter into sorted_ids; program 0 writes counts [LP]. Tokens with
-    adapter -1 are left out. ZERO: the chunk's rows of the FP32 shrink buffer are zeroed."""
+    adapter -1 are left out. ZERO (PHASE 0 or 1): programs c >= C of the launch zero the FP32
+    shrink buffer, ZR rows each, in parallel with the sort."""
     c = tl.program_id(0)
+    if c >= C:
+        if ZERO:
+            zrows = (c - C) * ZR + tl.arange(0, ZR)
+            cols = tl.arange(0, BC)
+            for c0 in range(0, buf_cols, BC):
+                ptrs = buf_ptr + zrows[:, None].to(tl.int64) * buf_cols + c0 + cols[None, :]
+                tl.store(ptrs, tl.zeros([ZR, BC], dtype=tl.float32),
+                         mask=(zrows < T)[:, None] & ((c0 + cols) < buf_cols)[None, :])
+        return
     offs = c * CH + tl.arange(0, CH)
     m = tl.load(map_ptr + offs, mask=offs < T, other=-1)
     valid = (offs < T) & (m >= 0)
@@ -98,13 +110,6 @@ def _group_kernel(map_ptr, hist_ptr, sorted_ptr, counts_ptr, buf_ptr, T, L, C, b
         tl.store(sorted_ptr + base + rank, offs, mask=valid)
         if c == 0:
             tl.store(counts_ptr + lanes, counts)
-    if ZERO:
-        if PHASE != 2:
-            cols = tl.arange(0, BC)
-            for c0 in range(0, buf_cols, BC):
-                ptrs = buf_ptr + offs[:, None].to(tl.int64) * buf_cols + c0 + cols[None, :]
-                tl.store(ptrs, tl.zeros([CH, BC], dtype=tl.float32),
-                         mask=(offs < T)[:, None] & ((c0 + cols) < buf_cols)[None, :])
 
 
 @triton.jit
@@ -185,14 +190,14 @@ def _expand_kernel(buf_ptr, b_ptr, y_ptr, sorted_ptr, counts_ptr, offs_ptr, scal
     rr = tl.arange(0, R)
     b_base = b_ptr + lora.to(tl.int64) * stride_bl + cols[None, :].to(tl.int64) * stride_bn + rr[:, None]
     h_base = buf_ptr + rows[:, None].to(tl.int64) * SR + rr[None, :]
+    y_ptrs = y_ptr + tok[:, None] * stride_yt + cols[None, :]
+    ymask = rmask[:, None] & nmask[None, :]
+    yv = tl.load(y_ptrs, mask=ymask, other=0.0)          # issued before the products: independent of them
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for s in range(s_first, s_last + 1):
         h = tl.load(h_base + s * R, mask=rmask[:, None], other=0.0)
         bt = tl.load(b_base, mask=(nmask & (col_slice == s))[None, :], other=0.0)
         acc = tl.dot(h.to(bt.dtype), bt, acc)
-    y_ptrs = y_ptr + tok[:, None] * stride_yt + cols[None, :]
-    ymask = rmask[:, None] & nmask[None, :]
-    yv = tl.load(y_ptrs, mask=ymask, other=0.0)
     out = yv.to(tl.float32) + acc * scale
     tl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=ymask)
 
@@ -264,12 +269,13 @@ def lora_shrink_expand(x, y, lora_a, lora_b, slice_offsets, token_lora_mapping, 
     buf = torch.empty((T, SR), dtype=torch.float32, device=dev)
     hist = torch.empty((C, LP), dtype=torch.int32, device=dev) if C > 1 else counts
     meta = dict(CH=CHUNK, LP=LP, CP=max(2, triton.next_power_of_2(C)), BC=min(128, triton.next_power_of_2(SR)),
-                ZERO=atomic, num_warps=4)
+                ZR=ZERO_ROWS, ZERO=atomic, num_warps=4)
     gargs = (mapping, hist, sorted_ids, counts, buf, T, L, C, SR)
+    zero_programs = triton.cdiv(T, ZERO_ROWS) if atomic else 0
     if C == 1:
-        _group_kernel[(1,)](*gargs, PHASE=0, **meta)
+        _group_kernel[(1 + zero_programs,)](*gargs, PHASE=0, **meta)
     else:
-        _group_kernel[(C,)](*gargs, PHASE=1, **meta)
+        _group_kernel[(C + zero_programs,)](*gargs, PHASE=1, **meta)
         _group_kernel[(C,)](*gargs, PHASE=2, **meta)
     max_tiles = triton.cdiv(T, cfg.bm) + L
     k_per_split = triton.cdiv(triton.cdiv(K, cfg.split), cfg.bk) * cfg.bk
