@@ -74,6 +74,9 @@ ASSERTED: dict[tuple[str, str], list[str]] = {
     # tests/test_task_fused_qkv_norm_rope_cache.py
     ("fused_qkv_norm_rope_cache", "expert"): ["smoke_t20_h2x2_d16_zero_padding"],
     ("fused_qkv_norm_rope_cache", "straightforward"): ["smoke_t6_h4x2_d32_decode"],
+    # tests/test_task_lora_shrink_expand.py (the prefill path: two-phase sort, split-K; interleaved singleton)
+    ("lora_shrink_expand", "expert"): ["smoke_t150_k128_s2_segmented"],
+    ("lora_shrink_expand", "straightforward"): ["smoke_t40_k64_interleaved_singleton"],
     # tests/test_task_gated_deltanet_chunk_prefill.py
     ("gated_deltanet_chunk_prefill", "expert"): ["smoke_varlen_n3_h2x4_d32", "smoke_edge_strong_decay_n4"],
     ("gated_deltanet_chunk_prefill", "straightforward"): ["smoke_edge_strong_decay_n4"],
