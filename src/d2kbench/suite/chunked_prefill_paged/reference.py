@@ -54,8 +54,9 @@ EDGE_Q = (1, 2, 15, 16, 17, 31, 33, 64, 65, 1, 7, 1, 129, 3)
 
 
 def edge_contexts(BS: int) -> tuple[int, ...]:
-    """Contexts of the ``edge`` scheme (cycled; capped at CMAX): empty, one token, page edges."""
-    return (0, 1, BS - 1, BS, BS + 1, 2 * BS - 1, 0, 3 * BS + 5, 2 * BS, 5 * BS + 1, 7, 4 * BS - 1)
+    """Contexts of the ``edge`` scheme (cycled; capped at CMAX): empty, one token, page edges, and
+    the longest (the last entry, capped to CMAX)."""
+    return (0, 1, BS - 1, BS, BS + 1, 2 * BS - 1, 0, 3 * BS + 5, 2 * BS, 5 * BS + 1, 7, 4 * BS - 1, 1 << 30)
 
 
 def mix_counts(T: int, N: int, QMAX: int) -> tuple[int, int]:
