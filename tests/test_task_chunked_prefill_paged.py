@@ -91,7 +91,7 @@ def test_mixed_lengths_give_the_sol_formulas_exactly():
         for seed in (1, 2):
             ql, ctx = ref.make_lengths(w.values(), seed)
             assert int(ql.sum()) == a["T"] and len(ql) == a["N"] and int(ql.max()) == a["QMAX"]
-            assert int(ctx.max()) == a["CMAX"] and int(ctx.min()) == (0 if a["N"] == (a["T"] - a["N"]) // (a["QMAX"] - 1) else 1)
+            assert int(ctx.max()) == a["CMAX"] and int(ctx.min()) == 0
             assert 0 in ctx[ql > 1].tolist()                     # a fresh prompt (empty prefix) in every batch
             flops, nbytes = _hand_counts(ql, ctx, a)
             assert evaluate_formula(floor.tc_flops, a) == pytest.approx(flops, rel=1e-12)
@@ -237,9 +237,10 @@ BUGS = [
     # the fused write stores every KV head's rows into head 0
     ("cache_write_to_head_0", "expert", "dst = (slot // BS) * stride_cp + (slot % BS) * stride_cs + head_off",
      "dst = (slot // BS) * stride_cp + (slot % BS) * stride_cs"),
-    # the fused write one slot off
-    ("cache_write_next_slot", "expert", "slot = tl.load(SLOT + q0_64 + kn, mask=own, other=0)",
-     "slot = tl.load(SLOT + q0_64 + kn, mask=own, other=0) + 1"),
+    # the fused write sends every token of a tile to the slot of the tile's first token (in
+    # bounds: a slot shifted past the pool's end would write out of bounds in this process)
+    ("cache_write_to_first_slot", "expert", "slot = tl.load(SLOT + q0_64 + kn, mask=own, other=0)",
+     "slot = tl.load(SLOT + q0_64 + start_m + 0 * kn, mask=own, other=0)"),
     # the straightforward port forgets to shift the causal diagonal by the context
     ("straightforward_diagonal_not_shifted", "straightforward", "qk = tl.where((ctx + offs_m[:, None] >= kn[None, :])",
      "qk = tl.where((offs_m[:, None] >= kn[None, :])"),
@@ -261,7 +262,7 @@ def _broken(mod, args, ref_module) -> bool:
 def test_classic_bugs_break_the_output_or_the_cache(tmp_path, base, old, new):
     mod = import_file(_variant(tmp_path, base, old, new), name=f"chunked_bug_{base}_{abs(hash(old))}")
     ref = _task().reference_module()
-    assert _broken(mod, _args("smoke_t130_n8_h6x2_d16_bs8_edge", seed=5), ref)
+    assert _broken(mod, _args("smoke_t44_n6_h4x2_d32_mixed", seed=5), ref)
 
 
 def test_alternatives_match_the_reference_on_cpu():
@@ -270,7 +271,7 @@ def test_alternatives_match_the_reference_on_cpu():
     caches bit-identical to the reference's)."""
     task = _task()
     ref = task.reference_module()
-    for w in ("smoke_t44_n6_h4x2_d32_mixed", "smoke_t130_n8_h6x2_d16_bs8_edge"):
+    for w in ("smoke_t44_n6_h4x2_d32_mixed",):
         args = _args(w, seed=9)
         ref_args = _clone(args)
         o_ref = ref.oracle(*ref_args)
