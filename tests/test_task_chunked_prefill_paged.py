@@ -231,7 +231,8 @@ BUGS = [
     # the full context tiles skipped (only the partial last page is read)
     ("context_tiles_skipped", "expert", "for start_n in tl.range(0, full_n, BLOCK_N", "for start_n in tl.range(0, 0, BLOCK_N"),
     # one future key of the chunk leaks into each row
-    ("one_future_key", "expert", "qk = tl.where(pos[:, None] >= kn[None, :], qk", "qk = tl.where(pos[:, None] + 1 >= kn[None, :], qk"),
+    ("one_future_key", "expert", "qk = tl.where(pos[:, None] >= kn[None, :], qk",
+     "qk = tl.where(pos[:, None] + 1 >= kn[None, :], qk"),
     # the partial context tile neither masks its loads nor its scores (NaN slots past ctx)
     ("partial_context_tile_unmasked", "expert",
      "k = tl.load(KC + row[:, None] + offs_d[None, :], mask=kok[:, None], other=0.0)\n        qk = tl.dot(q, tl.trans(k))\n"
