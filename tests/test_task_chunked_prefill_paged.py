@@ -161,33 +161,44 @@ def _expert_module(name="chunked_prefill_expert_under_test"):
 
 
 def test_work_list_holds_every_item_once_sorted_by_cost():
-    """The two pre-kernels (interpreter): every (request, tile) exactly once, decode-sized requests
-    as one item, sorted by cost (context + the tile's last position) largest first, ties in
-    layout order, the slots past the total empty; more requests than one step of the count
-    kernel and several sort programs."""
+    """The two pre-kernels (interpreter): every (request, tile) exactly once; prefill tiles sorted
+    by cost (context + the tile's last position) largest first, ties in layout order;
+    decode-sized requests as one item each (tile -1), sorted alike and spread evenly between the
+    prefill tiles (decode item r after floor((r + 1) nb / (ns + 1)) of them); the slots past the
+    total empty; more requests than one step of the count kernel and several sort programs."""
     ex = _expert_module()
-    gen = torch.Generator().manual_seed(0)
-    N, P, SMALL_Q = 150, 16, 4
-    ql = torch.where(torch.rand(N, generator=gen) < 0.5, 1, torch.randint(1, 120, (N,), generator=gen))
-    ctx = torch.randint(0, 300, (N,), generator=gen)
-    cu = torch.zeros(N + 1, dtype=torch.int32)
-    cu[1:] = torch.cumsum(ql, 0)
-    T = int(cu[-1])
-    n_slots = -(-T // P) + N
-    work = torch.full((5, n_slots), -7, dtype=torch.int32)
-    ex._count_kernel[(1,)](cu, ctx.to(torch.int32), work[0], work[1], work[2], N, n_slots, P=P, SMALL_Q=SMALL_Q,
-                           RB=ex.COUNT_BLOCK)
-    ex._rank_kernel[(-(-n_slots // ex.RANK_ROWS),)](work[0], work[1], work[2], work[3], work[4], n_slots,
-                                                     ROWS=ex.RANK_ROWS, COLS=ex.RANK_COLS)
-    items = []
-    for r in range(N):
-        q, c = int(ql[r]), int(ctx[r])
-        tiles = [(0, c + q)] if q <= SMALL_Q else [(t, c + min((t + 1) * P, q)) for t in range(-(-q // P))]
-        items += [(cost, r, t) for t, cost in tiles]
-    order = sorted(range(len(items)), key=lambda k: (-items[k][0], k))
-    want = [(items[k][1], items[k][2]) for k in order]
-    assert list(zip(work[3, :len(want)].tolist(), work[4, :len(want)].tolist())) == want
-    assert (work[3, len(want):] == -1).all()
+    for seed, decode_share in ((0, 0.5), (1, 0.0), (2, 1.0), (3, 0.9)):
+        gen = torch.Generator().manual_seed(seed)
+        N, P, SMALL_Q = 150, 16, 4
+        ql = torch.where(torch.rand(N, generator=gen) < decode_share, torch.randint(1, SMALL_Q + 1, (N,), generator=gen),
+                         torch.randint(SMALL_Q + 1, 120, (N,), generator=gen))
+        ctx = torch.randint(0, 300, (N,), generator=gen)
+        cu = torch.zeros(N + 1, dtype=torch.int32)
+        cu[1:] = torch.cumsum(ql, 0)
+        T = int(cu[-1])
+        n_slots = -(-T // P) + N
+        work = torch.full((5, n_slots), -7, dtype=torch.int32)
+        ex._count_kernel[(1,)](cu, ctx.to(torch.int32), work[0], work[1], work[2], N, n_slots, P=P, SMALL_Q=SMALL_Q,
+                               RB=ex.COUNT_BLOCK)
+        ex._rank_kernel[(-(-n_slots // ex.RANK_ROWS),)](work[0], work[1], work[2], work[3], work[4], n_slots,
+                                                         ROWS=ex.RANK_ROWS, COLS=ex.RANK_COLS)
+        items = []                                                  # (cost, request, tile) in layout order
+        for r in range(N):
+            q, c = int(ql[r]), int(ctx[r])
+            items += [(c + q, r, -1)] if q <= SMALL_Q else [(c + min((t + 1) * P, q), r, t) for t in range(-(-q // P))]
+        big = sorted((k for k in range(len(items)) if items[k][2] >= 0), key=lambda k: (-items[k][0], k))
+        small = sorted((k for k in range(len(items)) if items[k][2] < 0), key=lambda k: (-items[k][0], k))
+        nb, ns = len(big), len(small)
+        order, b = [], 0
+        for r, k in enumerate(small):
+            while b < (r + 1) * nb // (ns + 1):
+                order.append(big[b])
+                b += 1
+            order.append(k)
+        order += big[b:]
+        want = [items[k][1:] for k in order]
+        assert list(zip(work[3, :len(want)].tolist(), work[4, :len(want)].tolist())) == want, seed
+        assert (work[3, len(want):] == -1).all()
 
 
 @pytest.mark.parametrize("solution, workloads", [
