@@ -71,6 +71,8 @@ ASSERTED: dict[tuple[str, str], list[str]] = {
     # tests/test_task_fused_linear_cross_entropy.py: the correctness-only workload (two chunks)
     ("fused_linear_cross_entropy", "expert"): ["smoke_bt40_h32_v700_large_logits"],
     ("fused_linear_cross_entropy", "straightforward"): ["smoke_bt40_h32_v700_large_logits"],
+    # tests/test_task_chunked_prefill_paged.py (the expert on the edge lengths: page size 8, groups of 3)
+    ("chunked_prefill_paged", "expert"): ["smoke_t130_n8_h6x2_d16_bs8_edge"],
     # tests/test_task_fused_qkv_norm_rope_cache.py
     ("fused_qkv_norm_rope_cache", "expert"): ["smoke_t20_h2x2_d16_zero_padding"],
     ("fused_qkv_norm_rope_cache", "straightforward"): ["smoke_t6_h4x2_d32_decode"],
