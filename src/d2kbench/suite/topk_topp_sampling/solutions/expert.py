@@ -7,7 +7,7 @@ Selection, not sorting, and one read of the logits:
   temperature folded into one multiplier), and a gather, in vocabulary order, of the few
   logits above a candidate threshold ``tau = mu + c * sigma`` estimated from one tile of the
   chunk (mean and standard deviation with the head clipped at 3 sigma; ``c`` is the Gaussian
-  quantile that leaves about ``CAP / 8`` logits of a chunk above it). The candidates and the
+  quantile that leaves about ``CAP / 4`` logits of a chunk above it). The candidates and the
   chunk statistics go to a small scratch that stays in L2.
 * **Last program finalises (no second launch).** Each split program increments its row's
   counter (acquire-release); the one that arrives last merges the chunk statistics (global
@@ -267,8 +267,8 @@ def _config(B: int, V: int) -> dict:
         nt //= 2
     s = math.ceil(V / (nt * tile))
     s_pad = triton.next_power_of_2(s)
-    cap = max(16, min(256, 4096 // s_pad, (nt * tile) // 4))
-    frac = min(0.5, cap / 8 / (nt * tile))
+    cap = max(16, min(128, 4096 // s_pad, (nt * tile) // 4))
+    frac = min(0.5, cap / 4 / (nt * tile))
     c_sigma = NormalDist().inv_cdf(1.0 - frac)
     return {"TILE": tile, "NT": nt, "S": s, "S_PAD": s_pad, "CAP": cap, "c_sigma": c_sigma,
             "num_warps": 8 if tile >= 4096 else 4}
