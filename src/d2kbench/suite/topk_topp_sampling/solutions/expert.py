@@ -157,7 +157,8 @@ def _block_select(x, keep, e, need, BY_MASS: tl.constexpr):
 def _scan_and_sample_kernel(logits_ptr, temp_ptr, topk_ptr, topp_ptr, u_ptr, out_ptr,
                             cand_x_ptr, cand_i_ptr, stat_ptr, cnt_ptr, sem_ptr,
                             V, stride_row, c_sigma, S,
-                            TILE: tl.constexpr, NT: tl.constexpr, S_PAD: tl.constexpr, CAP: tl.constexpr):
+                            TILE: tl.constexpr, NT: tl.constexpr, S_PAD: tl.constexpr, CAP: tl.constexpr,
+                            FB_TILE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     sp = tl.program_id(1)
     row_ptr = logits_ptr + row * stride_row
@@ -255,7 +256,7 @@ def _scan_and_sample_kernel(logits_ptr, temp_ptr, topk_ptr, topp_ptr, u_ptr, out
             pick = tl.where(first < S_PAD * CAP, first, lastj)
             res = tl.sum(tl.where(j == pick, ic, 0), axis=0).to(tl.int64)
         else:
-            res = _row_fallback(row_ptr, V, k, p, u, m_safe, s2, TILE)
+            res = _row_fallback(row_ptr, V, k, p, u, m_safe, s2, FB_TILE)
         tl.store(out_ptr + row, res)
 
 
@@ -270,7 +271,7 @@ def _config(B: int, V: int) -> dict:
     cap = max(16, min(128, 4096 // s_pad, (nt * tile) // 4))
     frac = min(0.5, cap / 4 / (nt * tile))
     c_sigma = NormalDist().inv_cdf(1.0 - frac)
-    return {"TILE": tile, "NT": nt, "S": s, "S_PAD": s_pad, "CAP": cap, "c_sigma": c_sigma,
+    return {"TILE": tile, "NT": nt, "S": s, "S_PAD": s_pad, "CAP": cap, "c_sigma": c_sigma, "FB_TILE": min(tile, 1024),
             "num_warps": 8 if tile >= 4096 else 4}
 
 
@@ -301,5 +302,5 @@ def run(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, to
     _scan_and_sample_kernel[(B, cfg["S"])](
         logits, temperature, top_k, top_p, uniforms, ids, cand_x, cand_i, stats, counts, sem,
         V, logits.stride(0), cfg["c_sigma"], cfg["S"],
-        TILE=cfg["TILE"], NT=cfg["NT"], S_PAD=s_pad, CAP=cap, num_warps=cfg["num_warps"])
+        TILE=cfg["TILE"], NT=cfg["NT"], S_PAD=s_pad, CAP=cap, FB_TILE=cfg["FB_TILE"], num_warps=cfg["num_warps"], maxnreg=128)
     return ids
