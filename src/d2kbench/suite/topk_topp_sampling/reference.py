@@ -195,10 +195,9 @@ def _row_sets(x: torch.Tensor, T: torch.Tensor, k: torch.Tensor, p: torch.Tensor
     def n_and_mass(pos):
         return V - pos, suffix.gather(1, pos)
 
-    pos_gt = torch.searchsorted(zs, z, right=True)                        # first > z
-    pos_ge = torch.searchsorted(zs, z, right=False)                       # first >= z
-    pos_gt_hi = torch.searchsorted(zs, z + delta, right=True)             # first > z + delta
-    pos_ge_lo = torch.searchsorted(zs, z - delta, right=False)            # first >= z - delta
+    # first position > z and > z + delta; first position >= z and >= z - delta
+    pos_gt, pos_gt_hi = torch.searchsorted(zs, torch.cat([z, z + delta], 1), right=True).split(V, dim=1)
+    pos_ge, pos_ge_lo = torch.searchsorted(zs, torch.cat([z, z - delta], 1), right=False).split(V, dim=1)
     n_gt, m_gt = n_and_mass(pos_gt)
     n_ge, m_ge = n_and_mass(pos_ge)
     n_lo, m_lo = n_and_mass(pos_gt_hi)                                    # above z + delta: surely above
@@ -220,6 +219,48 @@ def _row_sets(x: torch.Tensor, T: torch.Tensor, k: torch.Tensor, p: torch.Tensor
     return e, sk & sp & pos, pk & ppos & pos, tol
 
 
+def bad_rows(inputs: list, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of ``ids`` (``[B]`` integer, or ``[n, B]``: n candidate answers checked against one
+    float64 recomputation), whether it fails :func:`check` and whether it lies outside the
+    possibly-kept set: ``(bad, outside)``, bool tensors of the shape of ``ids``."""
+    x, T, k, p, u = (inputs[i] for i in range(5))
+    B, V = x.shape
+    dev = x.device
+    ids = ids.to(dev).to(torch.int64)
+    many = ids.dim() == 2
+    ids = ids if many else ids[None, :]
+    bad = torch.zeros(ids.shape, dtype=torch.bool, device=dev)
+    outside = torch.zeros(ids.shape, dtype=torch.bool, device=dev)
+    rows = max(1, _CHECK_ELEMS // max(1, V))
+    col = torch.arange(V, device=dev)[None, :]
+    for r0 in range(0, B, rows):
+        sl = slice(r0, min(B, r0 + rows))
+        e, sure, poss, tol = _row_sets(x[sl], T[sl], k[sl], p[sl])
+        uu = u[sl].double()
+        for n in range(ids.shape[0]):
+            j = ids[n, sl]
+            in_range = (j >= 0) & (j < V)
+            jj = j.clamp(0, V - 1)[:, None]
+            ok_member = in_range & poss.gather(1, jj)[:, 0]
+            base = sure | (col == jj)
+            amb = poss & ~base
+            before = col < jj
+            m_b = (e * base).sum(1)
+            c_b = (e * (base & before)).sum(1)
+            low_a = (e * (amb & before)).sum(1)
+            high_a = (e * (amb & (col > jj))).sum(1)
+            g = uu * m_b - c_b
+            f_lo = g - (1 - uu) * low_a
+            f_hi = g + uu * high_a
+            ej = e.gather(1, jj)[:, 0]
+            band = tol * (m_b + low_a + high_a)
+            ok_cdf = (f_hi >= -band) & (f_lo <= ej + band)
+            bad[n, sl] = ~(ok_member & ok_cdf)
+            outside[n, sl] = ~ok_member
+        del e, sure, poss
+    return (bad, outside) if many else (bad[0], outside[0])
+
+
 def check(inputs: list, outputs: list) -> tuple[bool, float | None, str]:
     """Property check of ``ids``: each id is the inverse-CDF pick of its row under some resolution
     of the rounding ambiguities.
@@ -238,39 +279,10 @@ def check(inputs: list, outputs: list) -> tuple[bool, float | None, str]:
     if len(outputs) != 1:
         return False, None, f"expected 1 output, got {len(outputs)}"
     B, V = x.shape
-    dev = x.device
-    ids = outputs[0].to(dev)
-    if tuple(ids.shape) != (B,):
-        return False, None, f"ids shape {list(ids.shape)}; expected [{B}]"
-    ids = ids.to(torch.int64)
-    bad = torch.zeros(B, dtype=torch.bool, device=dev)
-    outside = torch.zeros(B, dtype=torch.bool, device=dev)
-    rows = max(1, _CHECK_ELEMS // max(1, V))
-    for r0 in range(0, B, rows):
-        sl = slice(r0, min(B, r0 + rows))
-        e, sure, poss, tol = _row_sets(x[sl], T[sl], k[sl], p[sl])
-        j = ids[sl]
-        in_range = (j >= 0) & (j < V)
-        jj = j.clamp(0, V - 1)[:, None]
-        ok_member = in_range & poss.gather(1, jj)[:, 0]
-        col = torch.arange(V, device=dev)[None, :]
-        base = sure | (col == jj)
-        amb = poss & ~base
-        before = col < jj
-        uu = u[sl].double()
-        m_b = (e * base).sum(1)
-        c_b = (e * (base & before)).sum(1)
-        low_a = (e * (amb & before)).sum(1)
-        high_a = (e * (amb & (col > jj))).sum(1)
-        g = uu * m_b - c_b
-        f_lo = g - (1 - uu) * low_a
-        f_hi = g + uu * high_a
-        ej = e.gather(1, jj)[:, 0]
-        band = tol * (m_b + low_a + high_a)
-        ok_cdf = (f_hi >= -band) & (f_lo <= ej + band)
-        bad[sl] = ~(ok_member & ok_cdf)
-        outside[sl] = ~ok_member
-        del e, sure, poss
+    ids = outputs[0]
+    if not isinstance(ids, torch.Tensor) or tuple(ids.shape) != (B,):
+        return False, None, f"ids shape {list(getattr(ids, 'shape', []))}; expected [{B}]"
+    bad, outside = bad_rows(inputs, ids)
     n_bad = int(bad.sum())
     if not n_bad:
         return True, 0.0, ""
