@@ -83,8 +83,6 @@ ASSERTED: dict[tuple[str, str], list[str]] = {
     # tests/test_task_sliding_window_prefill.py (the sink workloads: checked directly there)
     ("sliding_window_prefill", "expert"): ["smoke_b1_s50_h3x1_d16_w64_softcap"],
     ("sliding_window_prefill", "straightforward"): ["smoke_b1_s40_h2x2_d64_w1_sinks"],
-    # tests/test_task_topk_topp_sampling.py (the expert's fallback path: extreme rows)
-    ("topk_topp_sampling", "expert"): ["smoke_b8_v300_extreme"],
     # tests/test_task_varlen_flash_prefill.py
     ("varlen_flash_prefill", "expert"): ["smoke_t160_n9_h3x1_d16_edge"],
     ("varlen_flash_prefill", "straightforward"): ["smoke_t126_n6_h2x1_d16_ladder"],
