@@ -16,9 +16,10 @@ Selection, not sorting, and one read of the logits:
   set, its renormalisation and the top-p set are inside), or, with top-p alone, a candidate
   mass of at least ``p`` times the denominator.
 * **Pivot search in registers.** The k-th largest logit and the top-p cut are found on the
-  candidate block (a few thousand slots) by a bisection on values that snaps to actual values
-  (the smallest value at or above the midpoint, the largest below the failed probe), so it is
-  exact under ties and ends when the bracket holds one value. The inverse CDF is a prefix sum
+  candidate block (a few thousand slots) by a search on values with four probes per round that
+  snaps to actual values (each probe up to the smallest value at or above it, the bracket's top
+  down to the largest value below the first failing probe), so it is exact under ties and ends
+  when the bracket holds one value, in 3-5 rounds of three block reductions. The inverse CDF is a prefix sum
   over the kept candidates, which are in vocabulary order.
 * **Fallback.** When the candidates do not hold the answer (flat rows with top-p alone,
   plain temperature sampling, overflowing chunks, masked vocabularies) the finaliser runs the
@@ -133,23 +134,30 @@ def _row_fallback(row_ptr, V, k, p, u, m, s2, TILE: tl.constexpr):
 
 
 @triton.jit
-def _block_select(x, keep, e, need, BY_MASS: tl.constexpr):
-    """Largest value t among x[keep] with count (or mass e) of keep & x >= t at least `need`;
-    snapping bisection on values, exact under ties (the caller guarantees the minimum passes)."""
+def _block_select(x, keep, e, need, BY_MASS: tl.constexpr, P: tl.constexpr):
+    """Largest value t among x[keep] with count (or mass e) of keep & x >= t at least `need`
+    (the caller guarantees the smallest kept value passes). Snapping search on values with P
+    probes per round: each probe is snapped up to the smallest kept value at or above it, the
+    largest passing probe becomes lo and the largest kept value below the first failing probe
+    becomes hi; the bracket holds only actual values, so the search is exact under ties and ends
+    when it holds one value (about log_{P+1} of the candidates' spread, 3-5 rounds)."""
     lo = tl.min(tl.where(keep, x, float("inf")), axis=0)
     hi = tl.max(tl.where(keep, x, float("-inf")), axis=0)
+    frac = (tl.arange(0, P) + 1).to(tl.float32) / (P + 1)
     while lo < hi:
-        mid = lo + (hi - lo) * 0.5
-        v = tl.min(tl.where(keep & (x >= mid) & (x > lo), x, float("inf")), axis=0)
-        up = keep & (x >= v)
+        q = lo + (hi - lo) * frac                                           # [P] probes in (lo, hi]
+        above = keep[None, :] & (x[None, :] > lo)
+        v = tl.min(tl.where(above & (x[None, :] >= q[:, None]), x[None, :], float("inf")), axis=1)
+        up = keep[None, :] & (x[None, :] >= v[:, None])
         if BY_MASS:
-            enough = tl.sum(tl.where(up, e, 0.0), axis=0) >= need
+            got = tl.sum(tl.where(up, e[None, :], 0.0), axis=1)
         else:
-            enough = tl.sum(up.to(tl.int32), axis=0) >= need
-        if enough:
-            lo = v
-        else:
-            hi = tl.max(tl.where(keep & (x < v), x, float("-inf")), axis=0)
+            got = tl.sum(up.to(tl.int32), axis=1)
+        ok = got >= need
+        lo = tl.maximum(lo, tl.max(tl.where(ok, v, float("-inf")), axis=0))
+        v_fail = tl.min(tl.where(ok, float("inf"), v), axis=0)
+        if v_fail < float("inf"):
+            hi = tl.max(tl.where(keep & (x < v_fail), x, float("-inf")), axis=0)
     return lo
 
 
@@ -241,11 +249,11 @@ def _scan_and_sample_kernel(logits_ptr, temp_ptr, topk_ptr, topp_ptr, u_ptr, out
             keep = valid
             zk = z
             if k_on:
-                t_k = _block_select(xc, valid, ec, k, BY_MASS=False)
+                t_k = _block_select(xc, valid, ec, k, BY_MASS=False, P=4)
                 keep = valid & (xc >= t_k)
                 zk = tl.sum(tl.where(keep, ec, 0.0), axis=0)
             if p_on:
-                t_p = _block_select(xc, keep, ec, p * zk, BY_MASS=True)
+                t_p = _block_select(xc, keep, ec, p * zk, BY_MASS=True, P=4)
                 keep = keep & (xc >= t_p)
             w = tl.where(keep, ec, 0.0)
             goal = u * tl.sum(w, axis=0)
