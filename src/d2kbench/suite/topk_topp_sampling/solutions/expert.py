@@ -177,14 +177,18 @@ def _scan_and_sample_kernel(logits_ptr, temp_ptr, topk_ptr, topp_ptr, u_ptr, out
     # candidate threshold from one full tile of the chunk (the row's last tile for a short chunk)
     est = tl.maximum(tl.minimum(start, V - TILE), 0)
     x0 = tl.load(row_ptr + est + offs, mask=est + offs < V, other=float("-inf"))
+    # two dependent rounds of independent moment sums (count, sum, sum of squares): the raw
+    # moments, then the moments of the tile with its head clipped at 3 sigma
     f0 = x0 > float("-inf")
-    n0 = tl.sum(f0.to(tl.float32), axis=0)
-    mu0 = tl.sum(tl.where(f0, x0, 0.0), axis=0) / tl.maximum(n0, 1.0)
-    sd0 = tl.sqrt(tl.sum(tl.where(f0, (x0 - mu0) * (x0 - mu0), 0.0), axis=0) / tl.maximum(n0, 1.0))
+    y0 = tl.where(f0, x0, 0.0)
+    n0 = tl.maximum(tl.sum(f0.to(tl.float32), axis=0), 1.0)
+    mu0 = tl.sum(y0, axis=0) / n0
+    sd0 = tl.sqrt(tl.maximum(tl.sum(y0 * y0, axis=0) / n0 - mu0 * mu0, 0.0))
     f1 = f0 & (x0 <= mu0 + 3.0 * sd0)
+    y1 = tl.where(f1, x0, 0.0)
     n1 = tl.sum(f1.to(tl.float32), axis=0)
-    mu = tl.sum(tl.where(f1, x0, 0.0), axis=0) / tl.maximum(n1, 1.0)
-    sd = tl.sqrt(tl.sum(tl.where(f1, (x0 - mu) * (x0 - mu), 0.0), axis=0) / tl.maximum(n1, 1.0))
+    mu = tl.sum(y1, axis=0) / tl.maximum(n1, 1.0)
+    sd = tl.sqrt(tl.maximum(tl.sum(y1 * y1, axis=0) / tl.maximum(n1, 1.0) - mu * mu, 0.0))
     tau = tl.where(n1 >= 16.0, mu + c_sigma * sd, float("-inf"))
     # one pass over the chunk: max, denominator (online), candidates in vocabulary order
     m_run = s2 * 0.0 - float("inf")
