@@ -128,3 +128,63 @@ def test_rejected_changes_release_their_inputs(setup, monkeypatch):
     checker = Checker(task, ref, wl)
     parent.sensitivity_check(lambda args: _reply(outputs[0].clone()), checker, pristine, outputs)
     assert [args is pristine for args, _ in checker._cache.values()] == [True]
+
+
+def _sampling_args(seed: int = 5):
+    task = load_task("topk_topp_sampling")
+    wl = task.spec.smoke_workloads[0]
+    return task, make_args(task.reference_module(), task.spec, wl, seed, "cpu")
+
+
+def test_perturbations_stay_inside_a_declared_value_range():
+    """topk_topp_sampling bounds temperature, top_p and the uniforms (``value_range``): the
+    element changed before every CUDA-graph replay and the sensitivity call's element are drawn
+    inside those ranges (on the H200 the unbounded draw gave negative temperatures and top-p above
+    1, and 15-50% of the rows of a correct sampler failed the last-replay check). The logits,
+    unbounded, still move by multiples of their largest magnitude."""
+    import random
+
+    from d2kbench.integrity.guard import Guard
+
+    task, args = _sampling_args()
+    names = [a.name for a in task.spec.args]
+    bounds = {a.name: a.value_range for a in task.spec.args if getattr(a, "value_range", None)}
+    assert set(bounds) == {"temperature", "top_p", "uniforms"}
+    logits0 = args[0].clone()
+    g = Guard("cpu", str(task.resolve_solution("straightforward")), task, task.reference_module(), trusted=False)
+    before, _after = g.graph_hooks([args], None, lambda r, a: {})
+    random.seed(0)
+    for _ in range(400):
+        before()
+    for name, (lo, hi) in bounds.items():
+        t = args[names.index(name)]
+        assert lo <= float(t.min()) and float(t.max()) <= hi, name
+    assert not torch.equal(args[0], logits0)
+    assert float(args[0][args[0].isfinite()].abs().max()) > float(logits0[logits0.isfinite()].abs().max())
+
+    # the sensitivity call's perturbation (only the bounded arguments are candidates here)
+    rng = random.Random(1)
+    empty = [torch.empty((0, args[0].shape[1]))] + args[1:]
+    for _ in range(200):
+        new, what = parent.perturb(empty, task.spec.args, rng, 8.0)
+        for name, (lo, hi) in bounds.items():
+            t = new[names.index(name)]
+            assert lo <= float(t.min()) and float(t.max()) <= hi, (name, what)
+
+
+def test_without_a_value_range_the_perturbation_leaves_the_contract():
+    """The same draws on the same arguments with the ranges removed leave the domain (a
+    temperature below 0 or a uniform above 1): what the ranges exist for."""
+    import random
+
+    task, args = _sampling_args()
+    spec_args = [a.model_copy(update={"value_range": None}) if getattr(a, "value_range", None) else a
+                 for a in task.spec.args]
+    rng = random.Random(1)
+    empty = [torch.empty((0, args[0].shape[1]))] + args[1:]
+    outside = 0
+    for _ in range(50):
+        new, _what = parent.perturb(empty, spec_args, rng, 8.0)
+        outside += int(float(new[1].min()) <= 0 or float(new[3].max()) > 1 or float(new[4].max()) >= 1
+                       or float(new[3].min()) <= 0 or float(new[4].min()) < 0)
+    assert outside >= 40

@@ -382,7 +382,8 @@ def results(
     table = Table("id", "recorded", "task", "solution", "sha256", "role", "workload", "device", "status",
                   "mean ms", "cause")
     for r in store.rows(task, solution, limit):
-        table.add_row(str(r["id"]), r["recorded_at"], r["task"], r["solution"][-28:], r["solution_sha256"][:10], r["role"],
+        sol = r["solution"] if len(r["solution"]) <= 36 else "…" + r["solution"][-35:]  # a path: its end
+        table.add_row(str(r["id"]), r["recorded_at"], r["task"], sol, r["solution_sha256"][:10], r["role"],
                       r["workload"], r["device"], r["status"], f"{r['mean_ms']:.4f}" if r["mean_ms"] else "-",
                       r["cause"][:50])
     console.print(table)

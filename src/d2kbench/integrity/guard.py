@@ -33,6 +33,7 @@ from pathlib import Path
 from d2kbench.checking.aliases import find_aliases
 from d2kbench.integrity import audit, gpu, ops
 from d2kbench.integrity.launches import Launches, describe_launches
+from d2kbench.tasks.schema import TensorArg
 
 # Imports inside functions: monitors installed in the worker: torch, triton and the profiler load when the guard is
 # installed, after the worker's measured torch import.
@@ -575,8 +576,9 @@ class Guard:
         """``(before_replay, after_replays)`` for :func:`d2kbench.harness.timing.time_graph`.
 
         ``before_replay`` changes one random element of a floating-point input of set 0 (a new
-        position and value every replay), so a graph that gates its work on a checksum of
-        (part of) its inputs cannot skip the work. ``after_replays(graph, keep, calls)`` (``keep``:
+        position and value every replay; inside the argument's ``value_range`` where the spec
+        bounds it), so a graph that gates its work on a checksum of (part of) its inputs cannot
+        skip the work. ``after_replays(graph, keep, calls)`` (``keep``:
         each set's outputs of the graph's last pass over the sets, ``calls``: captured calls per
         replay) (1) profiles one
         replay for the kernel comparison, (2) packages set 0's inputs and outputs of the last
@@ -590,17 +592,21 @@ class Guard:
         rng = random.Random()
         from d2kbench.checking.inputs import arg_tensors, clone_args
 
-        float_args = [a for a in arg_tensors(sets[0]) if a.is_floating_point() and a.numel() and a.is_contiguous()]
-        scales = [ops.finite_abs_max(a) for a in float_args]  # once: no reduction or sync per replay
+        # each floating-point tensor of set 0 (tensor-list elements included) with its spec's value_range
+        bounded = [(t, spec.value_range) for a, spec in zip(sets[0], self.task.spec.args)
+                   for t in arg_tensors([a]) if isinstance(spec, TensorArg)]
+        float_args = [(t, b) for t, b in bounded if t.is_floating_point() and t.numel() and t.is_contiguous()]
+        scales = [ops.finite_abs_max(a) for a, _ in float_args]  # once: no reduction or sync per replay
         # a new value stays finite in the argument's dtype (e4m3 has no Inf: 2 x its largest code is NaN)
-        limits = [float(torch.finfo(a.dtype).max) for a in float_args]
+        limits = [float(torch.finfo(a.dtype).max) for a, _ in float_args]
 
         def before_replay() -> None:
             if not float_args:
                 return
             k = rng.randrange(len(float_args))
-            t = float_args[k].view(-1)
-            t[rng.randrange(t.numel())] = rng.choice((-1.0, 1.0)) * min(scales[k] * rng.uniform(0.5, 2.0), limits[k])
+            t, bounds = float_args[k][0].view(-1), float_args[k][1]
+            t[rng.randrange(t.numel())] = rng.uniform(*bounds) if bounds is not None else \
+                rng.choice((-1.0, 1.0)) * min(scales[k] * rng.uniform(0.5, 2.0), limits[k])
 
         def after_replays(graph, keep, calls: int) -> None:
             payload: dict = {"calls": calls}

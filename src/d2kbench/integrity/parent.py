@@ -93,7 +93,7 @@ def _pick(args: list, spec_args: list, rng: secrets.SystemRandom):
     if not chosen.is_contiguous():
         return None
     label = spec_args[i].name if r is None else f"{spec_args[i].name}[{r}]"
-    return label, orig, new, chosen.view(-1)
+    return label, orig, new, chosen.view(-1), spec_args[i].value_range
 
 
 def _describe(name: str, shape: tuple, j: int, n: int, old: float, now: float) -> str:
@@ -105,18 +105,21 @@ def _describe(name: str, shape: tuple, j: int, n: int, old: float, now: float) -
 def perturb(args: list, spec_args: list, rng: secrets.SystemRandom, factor: float) -> tuple[list, str] | None:
     """A copy of ``args`` with one secretly chosen element of a secretly chosen floating-point
     tensor argument moved by about ``factor`` x the argument's largest magnitude (clamped to a
-    quarter of the dtype's range). Returns ``(new_args, description)`` or None when no argument
-    can be perturbed."""
+    quarter of the dtype's range), or redrawn inside the argument's ``value_range`` where the
+    spec bounds its values. Returns ``(new_args, description)`` or None when no argument can be
+    perturbed."""
     got = _pick(args, spec_args, rng)
     if got is None:
         return None
-    label, orig, new, flat = got
+    label, orig, new, flat, bounds = got
     j = rng.randrange(flat.numel())
     old = float(flat[j].float())  # float32 arithmetic: FP8 tensors have no max/abs kernels
-    scale = finite_abs_max(orig)
-    lim = float(torch.finfo(flat.dtype).max) / 4
-    target = old + rng.choice((-1.0, 1.0)) * factor * scale
-    flat[j:j + 1].copy_(torch.tensor([max(-lim, min(lim, target))], dtype=torch.float32))
+    if bounds is not None:
+        target = rng.uniform(*bounds)
+    else:
+        lim = float(torch.finfo(flat.dtype).max) / 4
+        target = max(-lim, min(lim, old + rng.choice((-1.0, 1.0)) * factor * finite_abs_max(orig)))
+    flat[j:j + 1].copy_(torch.tensor([target], dtype=torch.float32))
     now = float(flat[j].float())
     if now == old or now != now:
         return None
@@ -133,7 +136,7 @@ def redraw(args: list, spec_args: list, rng: secrets.SystemRandom, run: int) -> 
     got = _pick(args, spec_args, rng)
     if got is None:
         return None
-    label, orig, new, flat = got
+    label, orig, new, flat, _bounds = got  # values of the same tensor: inside its range already
     n = min(run, flat.numel())
     j = rng.randrange(flat.numel() - n + 1)
     gen = torch.Generator().manual_seed(rng.randrange(2 ** 63))

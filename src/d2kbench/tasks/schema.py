@@ -66,12 +66,21 @@ class TensorArg(_Strict, _PerWorkloadDtype):
     layout: str = "contiguous"
     mutable: bool = False
     count: str | None = None
+    #: the closed interval ``[lo, hi]`` of values the operator is defined for (probabilities,
+    #: temperatures, uniform draws): the harness's perturbations of this argument (the
+    #: sensitivity call, the element changed before every CUDA-graph replay) draw new values
+    #: inside it instead of moving an element by a multiple of the tensor's largest magnitude,
+    #: which would leave the contract (a negative temperature, a top-p above 1). None: any finite
+    #: value of the dtype is valid.
+    value_range: tuple[float, float] | None = None
     description: str = ""
 
     @model_validator(mode="after")
     def _count(self) -> TensorArg:
         if self.count is not None and (not self.count.isidentifier() or self.mutable):
             raise ValueError(f"tensor {self.name!r}: 'count' needs an axis name, and a tensor list cannot be mutable")
+        if self.value_range is not None and not self.value_range[0] < self.value_range[1]:
+            raise ValueError(f"tensor {self.name!r}: value_range needs lo < hi, got {list(self.value_range)}")
         return self
 
 
