@@ -165,8 +165,12 @@ def test_mamba_alternative_glue_with_a_stand_in(task, monkeypatch, wid):
     ref = task.reference_module()
     calls = []
 
-    def fake(x, dt, A, B, C, chunk_size, D, dt_bias, dt_softplus, return_final_states, state_dtype, initial_states):
-        assert dt_softplus and return_final_states and state_dtype == torch.float32
+    # mamba-ssm 2.3.2's signature (keyword defaults as upstream): a keyword it does not take fails here
+    # as it did on the H200 (``state_dtype``, which only later forks take)
+    def fake(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
+             cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False,
+             return_varlen_states=False):
+        assert dt_softplus and return_final_states and z is None and seq_idx is None and not return_varlen_states
         assert torch.isfinite(initial_states).all() and initial_states.shape[0] == x.shape[0]
         calls.append(x.shape[0])
         ys, pool = [], initial_states.clone()
