@@ -9,7 +9,11 @@ match the reference on the CPU; the tolerance probes separate.
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -331,3 +335,120 @@ def test_expert_tile_plan_for_the_h200():
         assert (cfg["BLOCK_M"], cfg["SMALL_M"], cfg["BLOCK_N"], cfg["CTX_STAGES"], cfg["num_warps"]) == (128, 16, 64, 3, 8)
     with pytest.raises(ValueError, match="too large"):
         ex.tile_config(128, 128)
+
+
+def _wgmma_refill_races(ttgir: str) -> list[str]:
+    """Asynchronous ``warp_group_dot``s whose shared-memory operand slot is refilled by an
+    ``async_copy_global_to_local`` in the same loop body before the dot is waited: a WAR race on
+    sm_90 (a wgmma reads its shared operands until ``wgmma.wait_group``), invisible to the
+    interpreter. Ring-buffer slots are followed through the loops' ``select(i + 1 >= n, 0, i + 1)``
+    counters (initial values from the enclosing ``scf.for``); an unresolved slot counts as a race."""
+    slots = {m[1]: int(m[2]) for m in re.finditer(r"(%[\w.]+) = ttg.local_alloc : \(\) -> !ttg.memdesc<(\d+)x", ttgir)}
+    index = {m[1]: (m[2], m[3]) for m in re.finditer(r"(%[\w.]+) = ttg.memdesc_index (%[\w.]+)\[(%[\w.-]+)\]", ttgir)}
+    consts = {m[1]: int(m[2]) for m in re.finditer(r"(%[\w.-]+) = arith.constant (-?\d+) : i32", ttgir)}
+    step = {m[1]: m[2] for m in re.finditer(r"(%[\w.]+) = arith.addi (%[\w.]+), %c1_i32 : i32", ttgir)}
+    wrap = {m[1]: m[2] for m in re.finditer(r"(%[\w.]+) = arith.select %[\w.]+, %c0_i32, (%[\w.]+) : i32", ttgir)}
+    lines = ttgir.splitlines()
+    races = []
+    for i, line in enumerate(lines):
+        dot = re.search(r"(%[\w.]+) = ttng.warp_group_dot (%[\w.]+), (%[\w.]+), .*isAsync = true", line)
+        if not dot:
+            continue
+        init = {}
+        for back in range(i, -1, -1):
+            loop = re.search(r"scf.for [^\n]*iter_args\(([^)]*)\)", lines[back])
+            if loop:
+                init = {a: consts[v] for a, v in re.findall(r"(%[\w.]+) = (%[\w.-]+)", loop[1]) if v in consts}
+                break
+
+        def first_slot(idx, init=init):
+            if idx in consts:
+                return consts[idx]
+            if idx in wrap and wrap[idx] in step and step[wrap[idx]] in init:
+                return init[step[wrap[idx]]] + 1
+            return None
+
+        operands = [o for o in dot.groups()[1:] if o in index and index[o][0] in slots]
+        depth = 0
+        for later in lines[i + 1:]:
+            if "warp_group_dot_wait" in later and dot[1] in later:
+                break
+            depth += later.count("{") - later.count("}")
+            if depth < 0:                                   # the end of the loop body
+                break
+            copy = re.search(r"ttg.async_copy_global_to_local %[\w.]+, (%[\w.]+)", later)
+            if not copy or copy[1] not in index:
+                continue
+            for o in operands:
+                (alloc, read), (target, written) = index[o], index[copy[1]]
+                a, b = first_slot(read), first_slot(written)
+                if alloc == target and (slots[alloc] == 1 or read == written or None in (a, b)
+                                        or a % slots[alloc] == b % slots[alloc]):
+                    races.append(f"line {i + 1}: {o} ({slots[alloc]} slot(s) of {alloc}) refilled by {copy[1]}")
+    return races
+
+
+_SM90_TTGIR = textwrap.dedent('''
+    import os, sys
+    os.environ.pop("TRITON_INTERPRET", None)
+    import torch, triton
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+    from triton.runtime.jit import JITFunction
+
+    class FakeDriver:  # just enough for ahead-of-time compilation for the H200 (sm_90)
+        def get_current_target(self): return GPUTarget("cuda", 90, 32)
+        def get_current_device(self): return 0
+        def get_current_stream(self, device=None): return 0
+        def get_active_torch_device(self): return torch.device("cpu")
+        def map_python_to_cpp_type(self, ty): return ty
+
+    driver.set_active(FakeDriver())
+    sys.path.insert(0, sys.argv[1])
+    from d2kbench.checking.inputs import make_args
+    from d2kbench.tasks import load_task
+    from d2kbench.tasks.loader import import_file
+    run = JITFunction.run
+    def compile_only(self, *args, grid, warmup, **kwargs):
+        k = run(self, *args, grid=grid, warmup=True, **kwargs)
+        if self.fn.__name__ == "_extend_kernel":
+            open(sys.argv[3], "w").write(k.asm["ttgir"])
+    JITFunction.run = compile_only
+    task = load_task("chunked_prefill_paged")
+    ex = import_file(task.root / "solutions" / "expert.py", name="chunked_prefill_expert_sm90")
+    ex.run(*make_args(task.reference_module(), task.spec, task.spec.workload(sys.argv[2]), 5, "cpu"))
+''')
+
+
+def test_expert_sm90_pipeline_never_refills_a_tile_an_async_wgmma_reads(tmp_path):
+    """The attention kernel compiled for the H200 (ahead of time, no GPU): no asynchronous wgmma
+    reads a shared-memory K/V slot that a prefetch copy refills before the wgmma is waited. The
+    fused cache write once reused the chunk loop's K/V tiles; Triton then single-buffered them
+    and refilled V under the in-flight P.V wgmma: the H200 failed adv_edge_lengths_n40 (the only
+    workload whose chunk loops zero-fill part of a next tile before the chunk ends) while every
+    interpreter run passed. The scan itself flags that kernel's pattern (a one-slot V tile
+    refilled before the wait)."""
+    pytest.importorskip("triton.backends.nvidia")
+    bad = """
+      %v_136 = ttg.local_alloc : () -> !ttg.memdesc<1x64x128xbf16, #s, #smem, mutable>
+      %v_155 = ttg.memdesc_index %v_136[%c0_i32] : !ttg.memdesc<1x64x128xbf16>
+      %r:3 = scf.for %i = %c0_i32 to %n step %c64_i32 iter_args(%arg29 = %c-1_i32) -> (i32) : i32 {
+        %a = arith.addi %arg29, %c1_i32 : i32
+        %b = arith.cmpi sge, %a, %c1_i32 : i32
+        %s = arith.select %b, %c0_i32, %a : i32
+        %v_181 = ttg.memdesc_index %v_136[%s] : !ttg.memdesc<1x64x128xbf16>
+        %acc_200 = ttng.warp_group_dot %p, %v_181, %acc {inputPrecision = 0 : i32, isAsync = true} : x
+        %v_220 = ttg.async_copy_global_to_local %ptr, %v_155 mask %m : x
+        scf.yield %s : i32
+      }"""
+    assert len(_wgmma_refill_races("    %c0_i32 = arith.constant 0 : i32\n" + bad)) == 1
+    out = tmp_path / "extend.ttgir"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    proc = subprocess.run([sys.executable, "-c", _SM90_TTGIR, src, "adv_edge_lengths_n40", str(out)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert out.exists(), proc.stderr[-3000:]
+    ttgir = out.read_text()
+    assert ttgir.count("isAsync = true") >= 4            # wgmma pipelines were compiled and scanned
+    assert _wgmma_refill_races(ttgir) == []

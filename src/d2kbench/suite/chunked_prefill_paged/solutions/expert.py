@@ -20,8 +20,8 @@ L1 -- two key ranges, one softmax, one launch.
     KV head) and decode-sized requests (a 16-row tile: one token x G heads) are items of the same
     work list and run in the same launch, through two code paths of one kernel. The required
     cache write is fused: in its diagonal key tiles the program that owns a query tile stores the
-    K and V rows of its own tokens (already in registers for stage (b)) at their slots, so every
-    new token is written exactly once, for each KV head, by exactly one program.
+    K and V rows of its own tokens at their slots, so every new token is written exactly once, for
+    each KV head, by exactly one program.
 
 L2 -- device-built cost-sorted work list, decodes spread through it.
     Two tiny pre-kernels turn ``cu_seqlens_q``/``context_lens`` into the list every call: the
@@ -43,11 +43,17 @@ L3 -- Hopper mapping.
     128-row tiles on 8 warps with 64-key tiles (D <= 128); the context loop is
     software-pipelined over three buffers (``tl.range(num_stages=3)``: predicated async copies of
     the gathered page rows; the page id of each key is one small load from the table row); the
-    chunk loop masks only the band tiles. The page size is a compile-time constant (page id and
+    chunk loop masks only the band tiles. Its K/V tiles feed only the two MMAs: the fused cache
+    write loads its own rows separately (L2-hot). Reusing the pipelined tiles for the write gave
+    them a second consumer, and Triton 3.6 then single-buffered them in shared memory while still
+    issuing the P.V wgmma asynchronously, so the next tile's copy (zero-filled where masked, at a
+    chunk's end) overwrote V before the wgmma had read it: wrong rows on the H200 that the
+    interpreter cannot show (adversarial edge lengths); the sm_90 test of
+    tests/test_task_chunked_prefill_paged.py scans the compiled kernel for that race. The page size is a compile-time constant (page id and
     slot of a key by shift and mask at BS = 16; any page size works). Page and slot arithmetic
     in int64; the block-table load of the partial context tile is masked (a table entry past the
     request's pages is never followed into a NaN page). sm_90 (ptxas, D = 128, both paths in
-    one kernel): 245-250 registers on 8 warps (one CTA per SM), 96 KB of shared memory, no
+    one kernel): 252-254 registers on 8 warps (one CTA per SM), 96 KB of shared memory, no
     spills.
 """
 
@@ -234,8 +240,13 @@ def _attend(Q, KN, VN, KC, VC, O, BT, SLOT, qk_scale,
             own = (kn >= start_m) & (kn < end_m)
             slot = tl.load(SLOT + q0_64 + kn, mask=own, other=0)
             dst = (slot // BS) * stride_cp + (slot % BS) * stride_cs + head_off
-            tl.store(KC + dst[:, None] + offs_d[None, :], k, mask=own[:, None])
-            tl.store(VC + dst[:, None] + offs_d[None, :], v, mask=own[:, None])
+            # the copy reads its rows again (L2-hot) instead of reusing k / v: a tile with a second
+            # consumer gets a single shared-memory buffer from the sm_90 pipeliner, which then
+            # refills it while the asynchronous P.V wgmma still reads it (see the module docstring)
+            k_own = tl.load(k_base + kn[:, None] * stride_kt + offs_d[None, :], mask=own[:, None], other=0.0)
+            v_own = tl.load(v_base + kn[:, None] * stride_vt + offs_d[None, :], mask=own[:, None], other=0.0)
+            tl.store(KC + dst[:, None] + offs_d[None, :], k_own, mask=own[:, None])
+            tl.store(VC + dst[:, None] + offs_d[None, :], v_own, mask=own[:, None])
         acc, m_i, l_i = _update(qk, acc, m_i, l_i, v, qk_scale)
 
     out = acc * (1.0 / l_i)[:, None]
