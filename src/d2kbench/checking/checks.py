@@ -81,7 +81,7 @@ def ulp_distance(out: torch.Tensor, exp: torch.Tensor) -> torch.Tensor:
     bits = out.element_size() * 8
 
     def line(x: torch.Tensor) -> torch.Tensor:
-        b = _bits(x).to(torch.int64)
+        b = bit_pattern(x).to(torch.int64)
         if bits < 64:
             b = b & ((1 << bits) - 1)
         mag = b & ((1 << (bits - 1)) - 1)
@@ -179,7 +179,7 @@ def compare(call: int, name: str, tol: Tolerance, out: torch.Tensor, exp: torch.
     # exact: compare bit patterns so that NaN payloads and -0.0 count too
     if out.dtype != exp.dtype:
         return CheckResult(**base, passed=False, detail=f"dtype {out.dtype} vs expected {exp.dtype}")
-    neq = (_bits(out) != _bits(exp))
+    neq = (bit_pattern(out) != bit_pattern(exp))
     n = int(neq.sum())
     return CheckResult(**base, passed=n == 0, error=n / max(1, neq.numel()), threshold=0.0,
                        detail=f"{n} elements differ" if n else "")
@@ -199,15 +199,15 @@ def unchanged(base: dict[str, Any], out: torch.Tensor, exp: torch.Tensor, before
     if before is None or before.shape != out.shape or before.dtype != out.dtype:
         return CheckResult(**base, passed=False, detail="metric 'unchanged' needs the argument's value before the call")
     if dims:
-        b = _per_slice(_bits(before), dims)
-        kept_slices = (_per_slice(_bits(exp), dims) == b).all(dim=1)
-        moved = (_per_slice(_bits(out), dims) != b) & kept_slices[:, None]
+        b = _per_slice(bit_pattern(before), dims)
+        kept_slices = (_per_slice(bit_pattern(exp), dims) == b).all(dim=1)
+        moved = (_per_slice(bit_pattern(out), dims) != b) & kept_slices[:, None]
         n, total = int(moved.sum()), int(kept_slices.sum()) * b.shape[1]
         first_of = lambda: f"slice {int(moved.any(dim=1).nonzero()[0])}"  # noqa: E731
         what = f"elements of the {int(kept_slices.sum())} slices the reference left unchanged"
     else:
-        kept = _bits(exp) == _bits(before)
-        moved = kept & (_bits(out) != _bits(before))
+        kept = bit_pattern(exp) == bit_pattern(before)
+        moved = kept & (bit_pattern(out) != bit_pattern(before))
         n, total = int(moved.sum()), int(kept.sum())
         first_of = lambda: str(tuple(int(i) for i in moved.nonzero()[0].tolist()))  # noqa: E731
         what = f"the {total} elements the reference left unchanged"
@@ -215,7 +215,10 @@ def unchanged(base: dict[str, Any], out: torch.Tensor, exp: torch.Tensor, before
     return CheckResult(**base, passed=n == 0, error=n / max(1, total), threshold=0.0, detail=detail)
 
 
-def _bits(x: torch.Tensor) -> torch.Tensor:
+def bit_pattern(x: torch.Tensor) -> torch.Tensor:
+    """``x``'s bits as a same-shaped integer tensor of its element size (bool stays bool), so
+    that equality is bitwise: NaNs with the same payload are equal, +0 and -0 are not, and FP8
+    tensors (which have no comparison kernels) compare."""
     x = x.contiguous()
     if x.dtype == torch.bool:
         return x
@@ -225,7 +228,7 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
 
 def untouched(call: int, name: str, now: torch.Tensor, before: torch.Tensor) -> CheckResult:
     """An input the task does not declare mutable must stay bit-identical."""
-    neq = _bits(now) != _bits(before)
+    neq = bit_pattern(now) != bit_pattern(before)
     n = int(neq.sum())
     detail = ""
     if n:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from d2kbench.checking.checks import _bits
+from d2kbench.checking.checks import bit_pattern
 from d2kbench.results import CheckResult
 
 
@@ -46,7 +46,7 @@ def identical_across_ranks(call: int, names: list[str], per_rank: list[list[torc
             if t.shape != first.shape or t.dtype != first.dtype:
                 differ.append(f"rank {r} returned {list(t.shape)} {t.dtype}, rank 0 {list(first.shape)} {first.dtype}")
                 continue
-            neq = _bits(t.detach().cpu()) != _bits(first.detach().cpu())
+            neq = bit_pattern(t.detach().cpu()) != bit_pattern(first.detach().cpu())
             if bool(neq.any()):
                 at = tuple(int(i) for i in neq.nonzero()[0].tolist())
                 differ.append(f"rank {r} differs from rank 0 in {int(neq.sum())} elements (first at {at})")

@@ -48,7 +48,7 @@ def _same_bits(a, b) -> bool:
         return False
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    return bool((checks._bits(a) == checks._bits(b)).all())
+    return bool((checks.bit_pattern(a) == checks.bit_pattern(b)).all())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,7 +141,7 @@ def redraw(args: list, spec_args: list, rng: secrets.SystemRandom, run: int) -> 
     j = rng.randrange(flat.numel() - n + 1)
     gen = torch.Generator().manual_seed(rng.randrange(2 ** 63))
     src = torch.randint(0, flat.numel(), (n,), generator=gen).to(flat.device)
-    bits = checks._bits(flat)  # a view (flat is contiguous): gathers of FP8 values have no kernels
+    bits = checks.bit_pattern(flat)  # a view (flat is contiguous): gathers of FP8 values have no kernels
     before = flat[j:j + n].clone()
     bits[j:j + n] = bits[src].clone()
     if bits[j:j + n].equal(before.view(bits.dtype)):
