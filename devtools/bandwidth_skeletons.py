@@ -1,0 +1,864 @@
+"""Measured bandwidth ceilings of memory-bound experts: read skeletons in the experts' access patterns.
+
+The memory-bound bar (docs/timing.md) is "at least 70% of the measured HBM ceiling" (the task's
+minimal bytes over the mean latency, at the 4.3 TB/s of :data:`d2kbench.scoring.sol.MEASURED`,
+a device-to-device copy). Where an expert misses it, two different causes are possible: the
+access pattern itself (page gathers through a block table, the grid, the per-program tiles)
+cannot stream the bytes faster, or the expert leaves bandwidth on the table (arithmetic,
+synchronisation, a tail). This script separates the two. Per registered workload of
+:data:`WORKLOADS`, on the inputs of the task's own generator (``make_inputs``: the shapes,
+lengths, page tables and dtypes of the workload), it times with the harness's graph timer
+(:func:`d2kbench.harness.timing.time_graph`, the benchmark's input-set rotation: enough sets
+for 3x the L2, like the worker):
+
+* ``skeleton``: Triton kernels that move exactly the bytes of the task's floor SOL model
+  (``task.yaml`` ``sol.floor``; tested on the CPU by :func:`count_bytes`) in the expert's access
+  pattern: the expert's grid (programs per launch, split-K / page splits, head blocks), its
+  per-program tile shapes (the autotuned config the expert picked on this GPU when one exists)
+  and its gathers (the same block-table page lookups, page size and masks). They do no
+  arithmetic beyond a reduction that keeps the loads alive; the reduction goes to a sink that is
+  stored only if it equals an impossible sentinel (no bytes), and the outputs the SOL model
+  counts (``o``; lora's ``y`` read-modify-write) are written, nothing else (the experts'
+  intermediates: partials, ``q_lat``, the FP32 LoRA buffer, are not part of the SOL bytes and
+  are not moved). Skeletons per task:
+
+  - mla_decode_absorbed: (1) the latent stream of ``_latent_kernel``: grid (head blocks, the
+    expert's worker count), the same balanced page split recomputed from ``seq_lens``, per piece
+    the head block's ``q_pe`` rows, per tile of BLOCK_N tokens one table entry and the
+    [BLOCK_N, DL] + [BLOCK_N, DR] latent boxes (masked at the request's end); (2) one program per
+    head reading ``w_uk[h]``, ``w_uv[h]`` and ``q_nope[:, h]`` and writing ``o[:, h]`` (what
+    the expert's absorb and up-projection launches read and write from the SOL's inputs).
+  - cascade_prefix_decode: one launch of ``_cascade_kernel``'s grid: prefix programs (KV head,
+    chunk, 64-row tile: every row tile of a chunk reads the whole chunk, the expert's L2 reuse)
+    then suffix programs (request, KV head, suffix chunk), per-token page lookups, K and V
+    [BLOCK_N, D] tiles; suffix chunk 0 writes the request's ``o`` rows. ``skeleton_split``
+    (extra row): the row tiles of a prefix chunk split it instead (each prefix byte requested
+    once), the pattern without the L2 re-reads.
+  - lora_shrink_expand: the expert's counting sort (its own ``_group_kernel``: the mapping read),
+    the shrink grid (row tiles x K splits: gathered x rows and the adapter's [BK, S R] A tiles)
+    and the expand grid (row tiles x column blocks: the adapter's B tiles, y's gathered rows read
+    and written back unchanged).
+
+* ``flat``: the same byte count read from one contiguous buffer (4 programs per SM, 16 KB
+  tiles), the best any pattern could do with those bytes on this GPU.
+* ``expert``: the expert on the same input sets, same timer.
+
+The rows give SOL bytes, ms, achieved TB/s and % of the measured HBM ceiling for each; a
+skeleton far below the flat read says the pattern caps the bandwidth, an expert far below its
+skeleton says the expert leaves bandwidth on the table. With ``COMPUTE`` (mla
+``dsv3_dp_b64_h128``, a compute-bound bar) two compute skeletons run the expert's MMAs on
+L2-resident tiles with the expert's grid, head block and tile depth and its tiles per program:
+``mma`` the three MMAs per tile only (``S = q_lat c^T + q_pe k_pe^T``, ``acc += P c`` with P the
+scores cast to bf16), ``mma_softmax`` with the online softmax between them (the expert's inner
+loop without HBM traffic); % of the 790 TFLOP/s bf16 ceiling counts the task's tensor-core SOL
+FLOPs.
+
+Usage (repo root)::
+
+    PYTHONPATH=src python3 devtools/bandwidth_skeletons.py [--only TASK/WORKLOAD ...]
+        [--json FILE] [--markdown FILE]          # a GPU
+    PYTHONPATH=src python devtools/bandwidth_skeletons.py --compile-only   # no GPU: sm_90 compile
+
+``--compile-only`` builds the launches of every skeleton at the registered shapes with the
+H200's 132 SMs (empty tensors of the workload's shapes; the host code reads no values) and
+compiles them for sm_90 through devtools/compile_sm90.py's stand-in driver. The CPU test
+(tests/test_bandwidth_skeletons.py) runs the skeletons under the interpreter on small
+workloads and checks with :func:`count_bytes` that the distinct bytes they read and write are the
+task's SOL bytes. Diagnostic, not a benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+#: The sink is stored only when a reduction equals this (never, for finite inputs: no bytes).
+SENTINEL = 1.0e30
+#: Registered workloads that miss the memory-bound bar (task, workload).
+WORKLOADS = [
+    ("mla_decode_absorbed", "dsv3_tp8_b64"),
+    ("mla_decode_absorbed", "dsv3_dp_b64_h128"),
+    ("mla_decode_absorbed", "kimi_k2_tp4_b4_l128k"),
+    ("cascade_prefix_decode", "llama31_8b_parallel_n128"),
+    ("cascade_prefix_decode", "qwen3_32b_sysprompt_n64"),
+    ("cascade_prefix_decode", "llama31_70b_tp8_n256"),
+    ("lora_shrink_expand", "llama31_8b_qkv_prefill_t8192"),
+    ("lora_shrink_expand", "llama31_8b_gateup_decode_t256"),
+    ("lora_shrink_expand", "llama31_70b_down_t2048"),
+]
+#: Workloads with a compute skeleton (a compute-bound bar).
+COMPUTE = [("mla_decode_absorbed", "dsv3_dp_b64_h128")]
+#: Byte slack of the SOL formulas against an exact count (documented approximations in task.yaml):
+#: mla and cascade count table entries as tokens / page size (a request reads ceil(tokens / page)
+#: entries: < 4 bytes per request more); lora counts slice_offsets' S + 1 entries, a kernel needs
+#: only the S - 1 inner boundaries (8 bytes fewer).
+SLACK = {"mla_decode_absorbed": lambda ax: 4 * ax["B"], "cascade_prefix_decode": lambda ax: 4 * ax["N"],
+         "lora_shrink_expand": lambda ax: 8}
+H200_SMS = 132
+MEASURED_HBM_TBPS = 4.3   # replaced by d2kbench.scoring.sol.ceilings(gpu, "measured") where it knows the GPU
+MEASURED_BF16_TFLOPS = 790.0
+
+
+# ----------------------------------------------------------------------------------------------
+# kernels
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def _sink(SINK, pid, total):
+    """Keep ``total`` (and the loads it reduces) alive without moving a byte."""
+    tl.store(SINK + pid, total, mask=total == 1.0e30)
+
+
+@triton.jit
+def _page_split(SL, B, NW, BP2: tl.constexpr, PAGE: tl.constexpr):
+    """The mla expert's balanced page split (``_schedule``): lengths, pages, inclusive page prefix
+    sums over BP2 >= B requests, and the pages per worker."""
+    idx = tl.arange(0, BP2)
+    lens = tl.load(SL + idx, mask=idx < B, other=0)
+    pages = tl.cdiv(lens, PAGE)
+    cum = tl.cumsum(pages, 0)
+    per_worker = tl.cdiv(tl.sum(pages, 0), NW)
+    return idx, lens, pages, cum, per_worker
+
+
+@triton.jit
+def _mla_latent_read(QP, KV, BT, SL, SINK, B, H, NW, stride_pb, stride_ph, stride_kp, stride_ks, stride_bt,
+                     DL: tl.constexpr, DR: tl.constexpr, PAGE: tl.constexpr, BP2: tl.constexpr,
+                     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Grid (cdiv(H, BLOCK_H), NW): the expert's latent-kernel reads (q_pe rows per piece, one
+    table entry and a [BLOCK_N, DL + DR] latent box per tile), reduced into the sink."""
+    hb = tl.program_id(0)
+    w = tl.program_id(1)
+    idx, lens, pages, cum, per_worker = _page_split(SL, B, NW, BP2, PAGE)
+    total = tl.sum(pages, 0)
+    heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_ok = heads < H
+    offs_l = tl.arange(0, DL)
+    offs_r = tl.arange(0, DR)
+    offs_n = tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    qsum = tl.zeros([BLOCK_H], dtype=tl.float32)
+    cur = w * per_worker
+    end = tl.minimum(cur + per_worker, total)
+    while cur < end:
+        b = tl.sum((cum <= cur).to(tl.int32), 0)
+        this = idx == b
+        first = tl.sum(tl.where(this, cum - pages, 0), 0)
+        seg_end = tl.minimum(end, tl.sum(tl.where(this, cum, 0), 0))
+        seq_len = tl.sum(tl.where(this, lens, 0), 0)
+        b64 = b.to(tl.int64)
+        qp = tl.load(QP + b64 * stride_pb + heads[:, None] * stride_ph + offs_r[None, :], mask=h_ok[:, None], other=0.0)
+        qsum += tl.sum(qp.to(tl.float32), 1)
+        t_hi = tl.minimum((seg_end - first) * PAGE, seq_len)
+        for start in range((cur - first) * PAGE, t_hi, BLOCK_N):
+            page = tl.load(BT + b64 * stride_bt + start // PAGE).to(tl.int64)
+            slot = start % PAGE + offs_n
+            ok = start + offs_n < t_hi
+            row = KV + page * stride_kp + slot[:, None].to(tl.int64) * stride_ks
+            c = tl.load(row + offs_l[None, :], mask=ok[:, None], other=0.0)
+            kpe = tl.load(row + DL + offs_r[None, :], mask=ok[:, None], other=0.0)
+            acc += tl.sum(c.to(tl.float32), 1) + tl.sum(kpe.to(tl.float32), 1)
+        cur = seg_end
+    _sink(SINK, hb * NW + w, tl.sum(acc, 0) + tl.sum(qsum, 0))
+
+
+@triton.jit
+def _mla_heads_rw(QN, WUK, WUV, O, B, stride_qb, stride_qh, stride_ob, stride_oh,
+                  DN: tl.constexpr, DL: tl.constexpr, DV: tl.constexpr, BP2: tl.constexpr, BK: tl.constexpr):
+    """Grid (H,): head h reads w_uk[h] [DN, DL], w_uv[h] [DL, DV] and q_nope[:, h] and writes
+    o[:, h] (its reduction broadcast): the SOL's weight, query and output bytes."""
+    h = tl.program_id(0).to(tl.int64)
+    bb = tl.arange(0, BP2)
+    b_ok = bb < B
+    n = tl.arange(0, DN)
+    v = tl.arange(0, DV)
+    kk = tl.arange(0, BK)
+    acc = tl.zeros([BK], dtype=tl.float32)
+    for k in range(0, DL, BK):
+        wk = tl.load(WUK + h * DN * DL + n[:, None] * DL + (k + kk)[None, :])
+        wv = tl.load(WUV + h * DL * DV + (k + kk)[:, None] * DV + v[None, :])
+        acc += tl.sum(wk.to(tl.float32), 0) + tl.sum(wv.to(tl.float32), 1)
+    q = tl.load(QN + bb[:, None].to(tl.int64) * stride_qb + h * stride_qh + n[None, :], mask=b_ok[:, None], other=0.0)
+    tot = tl.sum(q.to(tl.float32), 1) + tl.sum(acc, 0)                      # [BP2]
+    out = tl.zeros([BP2, DV], dtype=tl.float32) + tot[:, None]
+    tl.store(O + bb[:, None].to(tl.int64) * stride_ob + h * stride_oh + v[None, :], out.to(O.dtype.element_ty),
+             mask=b_ok[:, None])
+
+
+@triton.jit
+def _mla_mma(C, QL, QP, SINK, tiles, qk_scale, DL: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr,
+             BLOCK_N: tl.constexpr, TILES: tl.constexpr, SOFTMAX: tl.constexpr):
+    """Grid (head blocks, NW): ``tiles`` latent tiles per program cycling over TILES L2-resident
+    [BLOCK_N, DL + DR] boxes; per tile S = q_lat c^T + q_pe k_pe^T and acc += P c (P: the scores
+    cast, or with SOFTMAX the expert's online softmax)."""
+    pid = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+    rh = tl.arange(0, BLOCK_H)
+    offs_l = tl.arange(0, DL)
+    offs_r = tl.arange(0, DR)
+    offs_n = tl.arange(0, BLOCK_N)
+    ql = tl.load(QL + rh[:, None] * DL + offs_l[None, :])
+    qp = tl.load(QP + rh[:, None] * DR + offs_r[None, :])
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, DL], dtype=tl.float32)
+    for t in range(tiles):
+        j = (pid + t) % TILES
+        row = C + (j * BLOCK_N + offs_n)[:, None].to(tl.int64) * (DL + DR)
+        c = tl.load(row + offs_l[None, :])
+        kpe = tl.load(row + DL + offs_r[None, :])
+        s = tl.dot(ql, tl.trans(c)) + tl.dot(qp, tl.trans(kpe))
+        if SOFTMAX:
+            s = s * qk_scale
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            p = tl.exp2(s - m_new[:, None])
+            alpha = tl.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = tl.dot(p.to(c.dtype), c, acc * alpha[:, None])
+            m_i = m_new
+        else:
+            acc = tl.dot(s.to(c.dtype), c, acc)
+    _sink(SINK, pid, tl.sum(tl.sum(acc, 1), 0) + tl.sum(l_i, 0))
+
+
+@triton.jit
+def _cascade_read(Q, KC, VC, BT, SL, O, SINK, P, N, PC, SC,
+                  stride_qn, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                  stride_bt, stride_on, stride_oh,
+                  HKV: tl.constexpr, GROUP: tl.constexpr, QROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  PAGE: tl.constexpr, ROW_TILES: tl.constexpr, NPC: tl.constexpr, NSC: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_PREFIX: tl.constexpr):
+    """Grid (HKV * NPC * ROW_TILES + N * HKV * NSC,): the cascade expert's reads. Prefix programs
+    (row tile, chunk, KV head): the 64-row q tile and the chunk's K/V through table row 0 (with
+    SPLIT_PREFIX, 1/ROW_TILES of it); suffix programs (request, KV head, chunk): the GROUP q rows,
+    the length, the request's pages; chunk 0 writes the request's o rows of that KV head."""
+    pid = tl.program_id(0)
+    n_pre = HKV * NPC * ROW_TILES
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if pid < n_pre:
+        rt = pid % ROW_TILES
+        c = (pid // ROW_TILES) % NPC
+        kvh = pid // (ROW_TILES * NPC)
+        r = rt * BLOCK_M + tl.arange(0, BLOCK_M)
+        r_ok = r < N * GROUP
+        req = (r // GROUP).to(tl.int64)
+        head = kvh * GROUP + r % GROUP
+        q_pre = tl.load(Q + req[:, None] * stride_qn + head[:, None] * stride_qh + offs_d[None, :],
+                        mask=r_ok[:, None], other=0.0)
+        qsum = tl.sum(tl.sum(q_pre.to(tl.float32), 1), 0)
+        lo = c * PC
+        hi = tl.minimum(lo + PC, P)
+        if SPLIT_PREFIX:
+            sub = tl.cdiv(tl.cdiv(hi - lo, ROW_TILES), BLOCK_N) * BLOCK_N
+            lo = tl.minimum(lo + rt * sub, hi)
+            hi = tl.minimum(lo + sub, hi)
+        bt_row = BT
+        k_head = KC + kvh.to(tl.int64) * stride_kh
+        v_head = VC + kvh.to(tl.int64) * stride_vh
+        i = kvh.to(tl.int64) * 0                      # (suffix names, unused by prefix programs)
+        heads = tl.arange(0, QROWS)
+        row_ok = heads < 0
+    else:
+        ps = pid - n_pre
+        c = ps % NSC
+        kvh = (ps // NSC) % HKV
+        i = (ps // (NSC * HKV)).to(tl.int64)
+        seq_len = tl.load(SL + i)
+        rows = tl.arange(0, QROWS)
+        row_ok = rows < GROUP
+        heads = kvh * GROUP + rows
+        q_suf = tl.load(Q + i * stride_qn + heads[:, None] * stride_qh + offs_d[None, :], mask=row_ok[:, None],
+                        other=0.0)
+        qsum = tl.sum(tl.sum(q_suf.to(tl.float32), 1), 0)
+        lo = P + c * SC
+        hi = tl.minimum(lo + SC, seq_len)
+        bt_row = BT + i * stride_bt
+        k_head = KC + kvh.to(tl.int64) * stride_kh
+        v_head = VC + kvh.to(tl.int64) * stride_vh
+    for start in range(lo, hi, BLOCK_N):
+        tok = start + offs_n
+        ok = tok < hi
+        page = tl.load(bt_row + tok // PAGE, mask=ok, other=0).to(tl.int64)
+        slot = (tok % PAGE).to(tl.int64)
+        k = tl.load(k_head + (page * stride_kp + slot * stride_ks)[:, None] + offs_d[None, :], mask=ok[:, None], other=0.0)
+        v = tl.load(v_head + (page * stride_vp + slot * stride_vs)[:, None] + offs_d[None, :], mask=ok[:, None], other=0.0)
+        acc += tl.sum(k.to(tl.float32), 1) + tl.sum(v.to(tl.float32), 1)
+    tot = tl.sum(acc, 0) + qsum
+    if pid >= n_pre:
+        if c == 0:
+            out = tl.zeros([QROWS, HEAD_DIM], dtype=tl.float32) + tot
+            tl.store(O + i * stride_on + heads[:, None] * stride_oh + offs_d[None, :], out.to(O.dtype.element_ty),
+                     mask=row_ok[:, None])
+        else:
+            _sink(SINK, pid, tot)
+    else:
+        _sink(SINK, pid, tot)
+
+
+@triton.jit
+def _lora_tile_of(counts_ptr, j, L, BM: tl.constexpr, LP: tl.constexpr):
+    """Adapter, first sorted row and end row of row tile j (the lora expert's ``_tile_of``)."""
+    lanes = tl.arange(0, LP)
+    cnt = tl.load(counts_ptr + lanes, mask=lanes < L, other=0)
+    ntiles = (cnt + BM - 1) // BM
+    tends = tl.cumsum(ntiles, 0)
+    ends = tl.cumsum(cnt, 0)
+    lora = tl.sum((tends <= j).to(tl.int32), axis=0)
+    sel = lanes == lora
+    tstart = tl.sum(tl.where(sel, tends - ntiles, 0), axis=0)
+    start = tl.sum(tl.where(sel, ends - cnt, 0), axis=0)
+    end = tl.sum(tl.where(sel, ends, 0), axis=0)
+    return lora, start + (j - tstart) * BM, end
+
+
+@triton.jit
+def _lora_shrink_read(x_ptr, a_ptr, sorted_ptr, counts_ptr, SINK, L, K, k_per_split, SR,
+                      stride_xt, stride_as, stride_al, stride_ar,
+                      R: tl.constexpr, SRP: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, LP: tl.constexpr):
+    """Grid (cdiv(T, BM) + L, K splits): the lora expert's shrink reads (gathered [BM, BK] x
+    tiles and the adapter's [BK, S R] A tiles over this program's K range), into the sink."""
+    j = tl.program_id(0)
+    lora, row0, row_end = _lora_tile_of(counts_ptr, j, L, BM, LP)
+    if lora >= L:
+        return
+    rows = row0 + tl.arange(0, BM)
+    rmask = rows < row_end
+    tok = tl.load(sorted_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    q = tl.arange(0, SRP)
+    qmask = q < SR
+    a_rows = (q // R).to(tl.int64) * stride_as + lora.to(tl.int64) * stride_al + (q % R) * stride_ar
+    k_lo = tl.program_id(1) * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    rk = tl.arange(0, BK)
+    accx = tl.zeros([BM], dtype=tl.float32)
+    acca = tl.zeros([SRP], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BK):
+        kin = (k0 + rk) < k_hi
+        xt = tl.load(x_ptr + tok[:, None] * stride_xt + (k0 + rk)[None, :], mask=rmask[:, None] & kin[None, :], other=0.0)
+        at = tl.load(a_ptr + a_rows[None, :] + (k0 + rk)[:, None], mask=kin[:, None] & qmask[None, :], other=0.0)
+        accx += tl.sum(xt.to(tl.float32), 1)
+        acca += tl.sum(at.to(tl.float32), 0)
+    _sink(SINK, j * tl.num_programs(1) + tl.program_id(1), tl.sum(accx, 0) + tl.sum(acca, 0))
+
+
+@triton.jit
+def _lora_expand_rmw(b_ptr, y_ptr, sorted_ptr, counts_ptr, offs_ptr, L, N, S,
+                     stride_bl, stride_bn, stride_yt,
+                     R: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, LP: tl.constexpr, SP: tl.constexpr):
+    """Grid (cdiv(T, BM) + L, cdiv(N, BN)): the lora expert's expand traffic: the slice bounds,
+    the adapter's [R, BN] B tile of every slice the block touches, y's gathered [BM, BN] rows read
+    and written back unchanged (+ 0 x the B reduction, which keeps those loads alive)."""
+    j = tl.program_id(0)
+    lora, row0, row_end = _lora_tile_of(counts_ptr, j, L, BM, LP)
+    if lora >= L:
+        return
+    rows = row0 + tl.arange(0, BM)
+    rmask = rows < row_end
+    tok = tl.load(sorted_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    nmask = cols < N
+    sb = tl.arange(0, SP)
+    bounds = tl.load(offs_ptr + 1 + sb, mask=sb < S - 1, other=2147483647)
+    col_slice = tl.sum((cols[:, None] >= bounds[None, :]).to(tl.int32), axis=1)
+    s_first = tl.min(tl.where(nmask, col_slice, S), axis=0)
+    s_last = tl.max(tl.where(nmask, col_slice, 0), axis=0)
+    rr = tl.arange(0, R)
+    b_base = b_ptr + lora.to(tl.int64) * stride_bl + cols[None, :].to(tl.int64) * stride_bn + rr[:, None]
+    y_ptrs = y_ptr + tok[:, None] * stride_yt + cols[None, :]
+    ymask = rmask[:, None] & nmask[None, :]
+    yv = tl.load(y_ptrs, mask=ymask, other=0.0)
+    accb = tl.zeros([BN], dtype=tl.float32)
+    for s in range(s_first, s_last + 1):
+        bt = tl.load(b_base, mask=(nmask & (col_slice == s))[None, :], other=0.0)
+        accb += tl.sum(bt.to(tl.float32), 0)
+    out = yv.to(tl.float32) + (accb * 0.0)[None, :]
+    tl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=ymask)
+
+
+@triton.jit
+def _flat_read(X, SINK, n, per_prog, BLOCK: tl.constexpr):
+    """Program p reads X[p * per_prog, (p + 1) * per_prog) (clipped to n) in BLOCK-element tiles."""
+    pid = tl.program_id(0)
+    lo = pid.to(tl.int64) * per_prog
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in range(0, per_prog, BLOCK):
+        idx = lo + s + offs
+        acc += tl.load(X + idx, mask=(idx < n) & (s + offs < per_prog), other=0.0).to(tl.float32)
+    _sink(SINK, pid, tl.sum(acc, 0))
+
+
+# ----------------------------------------------------------------------------------------------
+# launches (host code reads no tensor values: CUDA-graph capturable, compile-only on empty tensors)
+# ----------------------------------------------------------------------------------------------
+
+def _sink_buf(n: int, device) -> torch.Tensor:
+    return torch.zeros(max(1, n), dtype=torch.float32, device=device)
+
+
+def _tuned(kernel, default: dict) -> dict:
+    """The autotuned kernel's chosen config (``best_config`` after a call on this GPU) as
+    ``{meta..., num_warps, num_stages}``, else ``default``."""
+    cfg = getattr(kernel, "best_config", None)
+    if cfg is None or _INTERPRET:
+        return dict(default)
+    return {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+
+
+def mla_skeleton(expert, args: list, sms: int) -> tuple[str, Callable[[], None]]:
+    """The mla read skeleton of one input set: ``(description, call)``."""
+    q_nope, q_pe, kv, bt, sl, w_uk, w_uv, _scale = args
+    B, H, DN = q_nope.shape
+    DR = q_pe.shape[2]
+    _, PS, _ = kv.shape
+    DL, DV = w_uv.shape[1], w_uv.shape[2]
+    nw = expert.workers(H, sms)
+    if _INTERPRET:
+        cfg = {"BLOCK_H": 16 if H <= 16 else 64, "BLOCK_N": 16, "num_warps": 1, "num_stages": 1}
+    else:
+        cfg = _tuned(expert._latent_kernel, {"BLOCK_H": 16 if H <= 16 else 64, "BLOCK_N": 32 if H <= 16 else 64,
+                                             "num_warps": 4 if H <= 16 else 8, "num_stages": 3 if H <= 16 else 2})
+    bh, bn = cfg["BLOCK_H"], cfg["BLOCK_N"]
+    bp2 = max(16, triton.next_power_of_2(B))
+    o = torch.empty((B, H, DV), device=q_nope.device, dtype=q_nope.dtype)
+    sink = _sink_buf(triton.cdiv(H, bh) * nw, q_nope.device)
+    bk = min(DL, 64)
+
+    def call():
+        _mla_latent_read[(triton.cdiv(H, bh), nw)](
+            q_pe, kv, bt, sl, sink, B, H, nw, q_pe.stride(0), q_pe.stride(1), kv.stride(0), kv.stride(1), bt.stride(0),
+            DL=DL, DR=DR, PAGE=PS, BP2=bp2, BLOCK_H=bh, BLOCK_N=bn, num_warps=cfg["num_warps"],
+            num_stages=cfg["num_stages"])
+        _mla_heads_rw[(H,)](q_nope, w_uk, w_uv, o, B, q_nope.stride(0), q_nope.stride(1), o.stride(0), o.stride(1),
+                            DN=DN, DL=DL, DV=DV, BP2=bp2, BK=bk, num_warps=4)
+        return o
+
+    call.outputs = {"o": o}  # type: ignore[attr-defined]
+    what = (f"latent reads: grid ({triton.cdiv(H, bh)} head blocks x {nw} workers), BLOCK_H {bh}, "
+            f"[{bn} x {DL}+{DR}] tiles, {cfg['num_warps']} warps, {cfg['num_stages']} stages; + {H} head programs "
+            "(weights, q_nope, o)")
+    return what, call
+
+
+def mla_compute(expert, args: list, sms: int, softmax: bool) -> tuple[str, Callable[[], None], float]:
+    """The mla compute skeleton: ``(description, call, MMA FLOPs per call)``; reads ``seq_lens``
+    once on the host (setup) for the tiles per program."""
+    q_nope, q_pe, kv, bt, sl, w_uk, w_uv, scale = args
+    B, H, _ = q_nope.shape
+    DR = q_pe.shape[2]
+    _, PS, _ = kv.shape
+    DL = w_uv.shape[1]
+    nw = expert.workers(H, sms)
+    cfg = _tuned(expert._latent_kernel, {"BLOCK_H": 16 if H <= 16 else 64, "BLOCK_N": 32 if H <= 16 else 64,
+                                         "num_warps": 4 if H <= 16 else 8, "num_stages": 3 if H <= 16 else 2})
+    if _INTERPRET:
+        cfg = {"BLOCK_H": 16, "BLOCK_N": 16, "num_warps": 1, "num_stages": 1}
+    bh, bn = cfg["BLOCK_H"], cfg["BLOCK_N"]
+    pages = sum(-(-int(x) // PS) for x in sl.tolist()) if sl.device.type != "meta" else 0
+    tiles = triton.cdiv(pages, nw) * (PS // bn)
+    ntiles = 16
+    dev = q_nope.device
+    c = (torch.randn((ntiles * bn, DL + DR), device="cpu") * 0.1).to(kv.dtype).to(dev)
+    ql = (torch.randn((bh, DL), device="cpu") * 0.1).to(kv.dtype).to(dev)
+    qp = (torch.randn((bh, DR), device="cpu") * 0.1).to(kv.dtype).to(dev)
+    grid = (triton.cdiv(H, bh), nw)
+    sink = _sink_buf(grid[0] * grid[1], dev)
+    flops = 2.0 * grid[0] * nw * tiles * bh * bn * (2 * DL + DR)
+
+    def call():
+        _mla_mma[grid](c, ql, qp, sink, tiles, scale * 1.4426950408889634, DL=DL, DR=DR, BLOCK_H=bh, BLOCK_N=bn,
+                       TILES=ntiles, SOFTMAX=softmax, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+
+    what = (f"{'MMAs + online softmax' if softmax else 'MMAs only'}: grid {grid}, BLOCK_H {bh}, BLOCK_N {bn}, "
+            f"{tiles} tiles per program on {ntiles} L2-resident tiles, {cfg['num_warps']} warps")
+    return what, call, flops
+
+
+def cascade_skeleton(expert, args: list, sms: int, split_prefix: bool = False) -> tuple[str, Callable[[], None]]:
+    """The cascade read skeleton of one input set: ``(description, call)``."""
+    q, k_cache, v_cache, bts, sl, prefix_len, _scale = args
+    N, Hq, D = q.shape
+    _, BS, Hkv, _ = k_cache.shape
+    P = int(prefix_len) // BS * BS
+    group = Hq // Hkv
+    npc, pc, nsc, sc = expert.plan(N, Hq, Hkv, P, bts.shape[1] * BS - P, sms)
+    row_tiles = triton.cdiv(N * group, expert.BLOCK_M)
+    cfg = _tuned(expert._cascade_kernel, {"BLOCK_N": 16, "num_warps": 1, "num_stages": 1} if _INTERPRET
+                 else {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2})
+    grid = (Hkv * npc * row_tiles + N * Hkv * nsc,)
+    o = torch.empty_like(q)
+    sink = _sink_buf(grid[0], q.device)
+
+    def call():
+        _cascade_read[grid](
+            q, k_cache, v_cache, bts, sl, o, sink, P, N, pc, sc,
+            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), bts.stride(0), o.stride(0), o.stride(1),
+            HKV=Hkv, GROUP=group, QROWS=max(16, triton.next_power_of_2(group)), HEAD_DIM=D, PAGE=BS,
+            ROW_TILES=row_tiles, NPC=npc, NSC=nsc, BLOCK_M=expert.BLOCK_M, BLOCK_N=cfg["BLOCK_N"],
+            SPLIT_PREFIX=split_prefix, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        return o
+
+    call.outputs = {"o": o}  # type: ignore[attr-defined]
+    what = (f"{Hkv * npc * row_tiles} prefix programs ({Hkv} KV x {npc} chunks of {pc} x {row_tiles} row tiles"
+            f"{', split' if split_prefix else ''}) + {N * Hkv * nsc} suffix programs ({nsc} chunks of {sc}), "
+            f"BLOCK_N {cfg['BLOCK_N']}, {cfg['num_warps']} warps, {cfg['num_stages']} stages")
+    return what, call
+
+
+def lora_skeleton(expert, args: list, sms: int) -> tuple[str, Callable[[], None]]:
+    """The lora skeleton of one input set (sort, shrink reads, expand read-modify-write)."""
+    x, y, lora_a, lora_b, offs, mapping, _scale = args
+    T, K = x.shape
+    S, L, R, _ = lora_a.shape
+    N = y.shape[1]
+    cfg = expert.config_for(T, K, N, R, L, S, sms)
+    dev = x.device
+    SR = S * R
+    LP = max(16, triton.next_power_of_2(L))
+    C = triton.cdiv(T, expert.CHUNK)
+    sorted_ids = torch.empty(T, dtype=torch.int32, device=dev)
+    counts = torch.empty(LP, dtype=torch.int32, device=dev)
+    dummy = torch.empty(1, dtype=torch.float32, device=dev)
+    hist = torch.empty((C, LP), dtype=torch.int32, device=dev) if C > 1 else counts
+    meta = dict(CH=expert.CHUNK, LP=LP, CP=max(2, triton.next_power_of_2(C)), BC=min(128, triton.next_power_of_2(SR)),
+                ZR=expert.ZERO_ROWS, ZERO=False, num_warps=4)
+    gargs = (mapping, hist, sorted_ids, counts, dummy, T, L, C, SR)
+    max_tiles = triton.cdiv(T, cfg.bm) + L
+    k_per_split = triton.cdiv(triton.cdiv(K, cfg.split), cfg.bk) * cfg.bk
+    sgrid = (max_tiles, triton.cdiv(K, k_per_split))
+    egrid = (max_tiles, triton.cdiv(N, cfg.bn))
+    sink = _sink_buf(sgrid[0] * sgrid[1], dev)
+
+    def call():
+        if C == 1:
+            expert._group_kernel[(1,)](*gargs, PHASE=0, **meta)
+        else:
+            expert._group_kernel[(C,)](*gargs, PHASE=1, **meta)
+            expert._group_kernel[(C,)](*gargs, PHASE=2, **meta)
+        _lora_shrink_read[sgrid](x, lora_a, sorted_ids, counts, sink, L, K, k_per_split, SR, x.stride(0),
+                                 lora_a.stride(0), lora_a.stride(1), lora_a.stride(2), R=R,
+                                 SRP=max(16, triton.next_power_of_2(SR)), BM=cfg.bm, BK=cfg.bk, LP=LP,
+                                 num_warps=cfg.warps_s, num_stages=cfg.stages_s)
+        _lora_expand_rmw[egrid](lora_b, y, sorted_ids, counts, offs, L, N, S, lora_b.stride(0), lora_b.stride(1),
+                                y.stride(0), R=R, BM=cfg.bm, BN=cfg.bn, LP=LP,
+                                SP=max(2, triton.next_power_of_2(S)), num_warps=cfg.warps_e, num_stages=cfg.stages_e)
+
+    what = (f"sort ({C} chunks) + shrink grid {sgrid} ([{cfg.bm} x {cfg.bk}] x tiles, split {cfg.split}) + expand "
+            f"grid {egrid} ([{cfg.bm} x {cfg.bn}] y tiles)")
+    return what, call
+
+
+SKELETONS = {"mla_decode_absorbed": mla_skeleton, "cascade_prefix_decode": cascade_skeleton,
+             "lora_shrink_expand": lora_skeleton}
+
+
+def flat_reader(nbytes: int, device, sms: int, n_sets: int) -> Callable[[int], None]:
+    """``call(i)``: read ``nbytes`` (rounded up to a 2-byte element) of segment ``i`` of a buffer
+    of ``n_sets`` contiguous segments (rotating like the input sets)."""
+    n = (nbytes + 1) // 2
+    buf = torch.zeros(n * n_sets, dtype=torch.bfloat16, device=device)
+    block = 8192
+    progs = 4 * sms
+    per_prog = triton.cdiv(triton.cdiv(n, progs), block) * block
+    sink = _sink_buf(progs, device)
+
+    def call(i: int):
+        seg = buf[i * n:(i + 1) * n]
+        _flat_read[(progs,)](seg, sink, n, per_prog, BLOCK=block, num_warps=8)
+    return call
+
+
+# ----------------------------------------------------------------------------------------------
+# byte accounting (CPU interpreter) and SOL bytes
+# ----------------------------------------------------------------------------------------------
+
+def sol_bytes(task, workload) -> float:
+    """The floor SOL model's bytes of a workload (``task.yaml`` ``sol.floor``)."""
+    from d2kbench.tasks.formula import evaluate_formula
+
+    sol = task.spec.sol
+    return float(evaluate_formula(sol.counts(sol.floor).bytes, workload.axes))
+
+
+def count_bytes(fn: Callable[[], object], buffers: dict[str, torch.Tensor]) -> dict[str, dict[str, int]]:
+    """Run ``fn`` (Triton launches) under the CPU interpreter (``TRITON_INTERPRET=1`` before
+    triton was imported) and count, per named buffer, the bytes its masked loads and stores
+    touch: ``read`` / ``written`` (distinct bytes: what HBM must move when the L2 catches the
+    repeats) and ``read_requested`` (every load, repeats included). Accesses outside the named
+    buffers (intermediates, the sink) are counted under ``"other"``.
+
+    Raises:
+        RuntimeError: the interpreter is not active.
+    """
+    import numpy as np
+    from triton.runtime import interpreter as interp
+
+    if not _INTERPRET:
+        raise RuntimeError("count_bytes needs TRITON_INTERPRET=1")
+    loads: list[tuple[np.ndarray, int]] = []
+    stores: list[tuple[np.ndarray, int]] = []
+    cls = interp.InterpreterBuilder
+    orig_load, orig_store = cls.create_masked_load, cls.create_masked_store
+
+    def _size(ptrs) -> int:
+        return ptrs.get_element_ty().primitive_bitwidth // 8
+
+    def load(self, ptrs, mask, other, *a):
+        m = np.broadcast_to(mask.data, ptrs.data.shape)
+        loads.append((ptrs.data[m].astype(np.uint64).ravel(), _size(ptrs)))
+        return orig_load(self, ptrs, mask, other, *a)
+
+    def store(self, ptrs, value, mask, *a):
+        m = np.broadcast_to(mask.data, ptrs.data.shape)
+        stores.append((ptrs.data[m].astype(np.uint64).ravel(), _size(ptrs)))
+        return orig_store(self, ptrs, value, mask, *a)
+
+    cls.create_masked_load, cls.create_masked_store = load, store
+    try:
+        fn()
+    finally:
+        cls.create_masked_load, cls.create_masked_store = orig_load, orig_store
+    spans = {name: (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for name, t in buffers.items()}
+    out = {name: {"read": 0, "written": 0, "read_requested": 0} for name in [*buffers, "other"]}
+
+    def account(recs, key: str, requested: str | None):
+        if not recs:
+            return
+        addr = np.concatenate([a for a, _ in recs])
+        size = np.concatenate([np.full(a.shape, s, dtype=np.uint64) for a, s in recs])
+        claimed = np.zeros(addr.shape, dtype=bool)
+        for name, (lo, hi) in spans.items():
+            sel = (addr >= lo) & (addr < hi)
+            claimed |= sel
+            for sz in np.unique(size[sel]):                  # distinct elements x their size
+                out[name][key] += int(np.unique(addr[sel & (size == sz)]).size) * int(sz)
+            if requested:
+                out[name][requested] += int(size[sel].sum())
+        rest = ~claimed
+        out["other"][key] += int(size[rest].sum())
+        if requested:
+            out["other"][requested] += int(size[rest].sum())
+
+    account(loads, "read", "read_requested")
+    account(stores, "written", None)
+    return out
+
+
+def skeleton_bytes(task_id: str, args: list, names: list[str], sms: int = 4, **kw) -> dict[str, dict[str, int]]:
+    """:func:`count_bytes` of the task's skeleton on one input set (CPU interpreter)."""
+    from d2kbench.tasks import load_task
+    from d2kbench.tasks.loader import import_file
+
+    task = load_task(task_id)
+    expert = import_file(task.resolve_solution("expert"))
+    _, call = SKELETONS[task_id](expert, args, sms, **kw)
+    buffers = {n: a for n, a in zip(names, args) if isinstance(a, torch.Tensor)}
+    return count_bytes(call, {**buffers, **getattr(call, "outputs", {})})
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU measurement
+# ----------------------------------------------------------------------------------------------
+
+def _n_sets(args: list) -> int:
+    """The worker's graph-timing input sets: enough for 3x the L2 (d2kbench.harness.worker)."""
+    from d2kbench.checking.inputs import args_nbytes
+
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    return int(min(4, max(1, -(-3 * l2 // max(1, args_nbytes(args))))))
+
+
+def measure(only: list[str] | None = None, target_ms: float = 150.0) -> dict:
+    """Graph-timed per-call medians of the skeletons, flat reads, compute skeletons and experts;
+    GPU only.
+
+    Raises:
+        RuntimeError: no GPU.
+    """
+    from d2kbench.checking.inputs import make_args
+    from d2kbench.harness import timing
+    from d2kbench.harness.env import fingerprint
+    from d2kbench.scoring.sol import ceilings
+    from d2kbench.tasks import load_task
+    from d2kbench.tasks.formula import evaluate_formula
+    from d2kbench.tasks.loader import import_file
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("the skeletons are timed on a GPU")
+    props = torch.cuda.get_device_properties(0)
+    sms = props.multi_processor_count
+    try:
+        ceil = ceilings(props.name, "measured")
+        hbm, tc = ceil.hbm_tbps, ceil.bf16_tflops
+    except ValueError:
+        hbm, tc = MEASURED_HBM_TBPS, MEASURED_BF16_TFLOPS
+    rows = []
+
+    def t(call, n_sets):
+        st = timing.time_graph(call, n_sets, warmup_ms=50.0, min_samples=10, max_samples=40, target_ms=target_ms)
+        return st.median_ms
+
+    def row(task_id, wid, kind, what, ms, nbytes, flops=None, **extra):
+        r = {"task": task_id, "workload": wid, "kind": kind, "what": what, "median_ms": ms, "sol_bytes": nbytes,
+             "tbps": nbytes / (ms * 1e-3) / 1e12 if ms else None, **extra}
+        r["pct_hbm"] = 100.0 * r["tbps"] / hbm if r["tbps"] else None
+        if flops is not None:
+            r["tflops"] = flops / (ms * 1e-3) / 1e12
+            r["pct_bf16"] = 100.0 * r["tflops"] / tc
+        rows.append(r)
+        print(f"{task_id}/{wid} {kind}: {ms * 1e3:.1f} us, {r['tbps']:.3f} TB/s ({r['pct_hbm']:.1f}% HBM)"
+              + (f", {r['tflops']:.0f} TFLOP/s ({r['pct_bf16']:.1f}%)" if flops is not None else ""), flush=True)
+
+    for task_id, wid in WORKLOADS:
+        if only and f"{task_id}/{wid}" not in only and task_id not in only:
+            continue
+        try:
+            task = load_task(task_id)
+            ref = task.reference_module()
+            expert = import_file(task.resolve_solution("expert"))
+            wl = task.spec.workload(wid)
+            nbytes = sol_bytes(task, wl)
+            first = make_args(ref, task.spec, wl, 1000, "cuda")
+            n_sets = _n_sets(first)
+            sets = [first] + [make_args(ref, task.spec, wl, 1000 + s, "cuda") for s in range(1, n_sets)]
+            exp_ms = t(lambda i: expert.run(*sets[i]), n_sets)       # also autotunes the expert first
+            calls = [SKELETONS[task_id](expert, a, sms) for a in sets]
+            row(task_id, wid, "skeleton", calls[0][0], t(lambda i: calls[i][1](), n_sets), nbytes)
+            if task_id == "cascade_prefix_decode":
+                split = [cascade_skeleton(expert, a, sms, split_prefix=True) for a in sets]
+                row(task_id, wid, "skeleton_split", split[0][0], t(lambda i: split[i][1](), n_sets), nbytes)
+            fsets = max(n_sets, int(-(-3 * props.L2_cache_size // int(nbytes))))
+            row(task_id, wid, "flat", f"contiguous read of the SOL bytes, {4 * sms} programs, {fsets} rotating buffers",
+                t(flat_reader(int(nbytes), "cuda", sms, fsets), fsets), nbytes)
+            tc_sol = evaluate_formula(task.spec.sol.counts(task.spec.sol.floor).tc_flops, wl.axes)
+            row(task_id, wid, "expert", "the expert's run()", exp_ms, nbytes, flops=tc_sol or None)
+            if (task_id, wid) in COMPUTE:
+                for softmax in (False, True):
+                    what, call, flops = mla_compute(expert, sets[0], sms, softmax)
+                    ms = t(lambda i: call(), 1)
+                    row(task_id, wid, "mma_softmax" if softmax else "mma", what, ms, nbytes, flops=tc_sol,
+                        skeleton_mma_tflops=flops / (ms * 1e-3) / 1e12)
+            del sets, first, calls
+            torch.cuda.empty_cache()
+        except Exception as e:  # noqa: BLE001 - one workload's failure must not lose the others
+            rows.append({"task": task_id, "workload": wid, "kind": "error", "what": f"{type(e).__name__}: {e}"[:400]})
+            print(f"{task_id}/{wid}: ERROR {type(e).__name__}: {e}", flush=True)
+    return {"environment": fingerprint("cuda"), "hbm_tbps": hbm, "bf16_tflops": tc,
+            "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "rows": rows}
+
+
+def markdown(res: dict) -> str:
+    """The measurement as a markdown table."""
+    env = res["environment"]
+    lines = [f"# Bandwidth skeletons ({env.get('gpu')}, driver {env.get('driver')}, torch {env.get('torch')}, "
+             f"triton {env.get('triton')}, {res['time_utc']})", "",
+             "Written by `devtools/bandwidth_skeletons.py`. Graph-timed per-call medians (the harness's timer, "
+             "the benchmark's input-set rotation). `skeleton`: the task's SOL bytes moved in the expert's access "
+             "pattern (grid, tiles, page gathers), no arithmetic; `flat`: the same bytes from one contiguous "
+             f"buffer; `expert`: the expert. % HBM against the measured {res['hbm_tbps']} TB/s; TB/s counts the "
+             f"SOL bytes. Compute rows: % of {res['bf16_tflops']} TFLOP/s for the task's tensor-core SOL FLOPs.", "",
+             "| task | workload | kind | SOL MB | us per call | TB/s | % HBM | TFLOP/s (% bf16) | what |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in res["rows"]:
+        if r["kind"] == "error":
+            lines.append(f"| {r['task']} | {r['workload']} | error | | | | | | {r['what']} |")
+            continue
+        tf = f"{r['tflops']:.0f} ({r['pct_bf16']:.1f})" if "tflops" in r else ""
+        lines.append(f"| {r['task']} | {r['workload']} | {r['kind']} | {r['sol_bytes'] / 1e6:.1f} | "
+                     f"{r['median_ms'] * 1e3:.1f} | {r['tbps']:.3f} | {r['pct_hbm']:.1f} | {tf} | {r['what']} |")
+    return "\n".join(lines) + "\n"
+
+
+def _empty_args(task, wl) -> list:
+    """Arguments of the workload's shapes and dtypes without values (``torch.empty``: the
+    skeletons' host code reads none; compile-only)."""
+    from d2kbench.tasks.schema import TensorArg
+
+    vals = wl.values()
+    out = []
+    for a in task.spec.args:
+        if isinstance(a, TensorArg):
+            shape = [int(eval(str(d), {}, dict(wl.axes))) if not isinstance(d, int) else d for d in a.shape]  # noqa: S307
+            dtype = getattr(torch, str(vals.get(a.dtype_param, a.dtype)) if a.dtype_param else a.dtype)
+            out.append(torch.empty(shape, dtype=dtype))
+        elif a.name == "common_prefix_len":
+            out.append(int(wl.axes["P"]))
+        else:
+            out.append(1.0)
+    return out
+
+
+def compile_only() -> int:
+    """Compile every skeleton for sm_90 at the registered shapes without a GPU (devtools/
+    compile_sm90.py's stand-in driver); returns the number of failed compiles."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import compile_sm90 as c  # noqa: PLC0415 - pops TRITON_INTERPRET, patches nothing yet
+    from triton.runtime import driver
+    from triton.runtime.jit import JITFunction
+
+    from d2kbench.tasks import load_task
+    from d2kbench.tasks.loader import import_file
+
+    driver.set_active(c.FakeDriver())
+    JITFunction.run = c._patched_run
+    failed = 0
+    for task_id, wid in WORKLOADS:
+        task = load_task(task_id)
+        expert = import_file(task.resolve_solution("expert"))
+        wl = task.spec.workload(wid)
+        args = _empty_args(task, wl)
+        calls = [("skeleton", SKELETONS[task_id](expert, args, c.H200_SMS)[1])]
+        if task_id == "cascade_prefix_decode":
+            calls.append(("skeleton_split", cascade_skeleton(expert, args, c.H200_SMS, split_prefix=True)[1]))
+        calls.append(("flat", lambda: flat_reader(int(sol_bytes(task, wl)) // 64, "cpu", c.H200_SMS, 1)(0)))
+        if (task_id, wid) in COMPUTE:
+            args[4] = torch.full_like(args[4], int(wl.axes["MAXP"]) * int(wl.axes["PS"]))  # lengths for tile counts
+            for sm in (False, True):
+                calls.append(("mma_softmax" if sm else "mma", mla_compute(expert, args, c.H200_SMS, sm)[1]))
+        for name, call in calls:
+            c.LAUNCHES.clear()
+            call()
+            for rec in c.LAUNCHES:
+                failed += "error" in rec
+                status = rec.get("error") or "ok, " + ", ".join(
+                    f"{k} {v}" for k, v in c._resources(rec["compiled"]).items() if k in ("reg", "shared", "stack"))
+                print(f"{task_id}/{wid} {name}: {rec['kernel']} grid {rec['grid']}: {status[:3000]}", flush=True)
+    return failed
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", nargs="+", help="TASK or TASK/WORKLOAD")
+    ap.add_argument("--target-ms", type=float, default=150.0, help="sampling time per timing")
+    ap.add_argument("--json")
+    ap.add_argument("--markdown")
+    ap.add_argument("--compile-only", action="store_true")
+    a = ap.parse_args()
+    if a.compile_only:
+        return 1 if compile_only() else 0
+    res = measure(a.only, a.target_ms)
+    text = markdown(res)
+    print(text)
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1))
+    if a.markdown:
+        Path(a.markdown).write_text(text)
+    return 0 if all(r["kind"] != "error" for r in res["rows"]) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

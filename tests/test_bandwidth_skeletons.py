@@ -1,0 +1,114 @@
+"""devtools/bandwidth_skeletons.py: the read skeletons move exactly the tasks' SOL bytes.
+
+The skeletons run under the CPU interpreter on small workloads of the tasks' own generators;
+:func:`count_bytes` records every masked load and store and counts the distinct bytes of each
+input and output buffer. Their sum must equal the task's floor SOL byte formula (up to the
+formulas' documented rounding of index metadata, ``SLACK``), and skeletons given wrong
+parameters (reading NaN rows past a request's end, the prefix once per request, tokens
+without an adapter) must fail the same check.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from d2kbench.checking.inputs import make_args
+from d2kbench.tasks import load_task
+from d2kbench.tasks.schema import Workload
+
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs the Triton interpreter")
+
+_PATH = Path(__file__).resolve().parents[1] / "devtools" / "bandwidth_skeletons.py"
+
+
+@pytest.fixture(scope="module")
+def bs():
+    spec = importlib.util.spec_from_file_location("bandwidth_skeletons", _PATH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+#: Small fp16 workloads (uniform antithetic lengths, prefix on a page boundary: the registered
+#: workloads' properties the SOL formulas rely on); mla h80 has two head blocks (L2 re-reads),
+#: lora t150 the two-phase sort and 64-token chunks, cascade the prefix and suffix programs.
+CASES = [
+    ("mla_decode_absorbed", {"B": 4, "H": 4, "DN": 32, "DR": 16, "DL": 64, "DV": 32, "NP": 24, "PS": 16, "MAXP": 4}),
+    ("mla_decode_absorbed", {"B": 2, "H": 80, "DN": 32, "DR": 16, "DL": 64, "DV": 32, "NP": 12, "PS": 16, "MAXP": 4}),
+    ("cascade_prefix_decode", {"N": 6, "Hq": 4, "Hkv": 2, "D": 32, "NB": 40, "BS": 16, "MAXB": 6, "P": 32}),
+    ("lora_shrink_expand", {"T": 24, "K": 64, "N": 64, "R": 16, "L": 4, "S": 3}),
+    ("lora_shrink_expand", {"T": 150, "K": 128, "N": 80, "R": 16, "L": 2, "S": 2}),
+]
+PARAMS = {"lora_shrink_expand": [{"slices": "32,16,16", "mapping": "random"}, {"slices": "40,40", "mapping": "segmented"}]}
+
+
+def _case(i: int):
+    task_id, axes = CASES[i]
+    task = load_task(task_id)
+    n_same = sum(1 for t, _ in CASES[:i] if t == task_id)
+    params = {"dtype": "float16", **(PARAMS.get(task_id, [{}] * 5)[n_same])}
+    wl = Workload(id=f"test_{i}", axes=axes, params=params, source="test")
+    args = make_args(task.reference_module(), task.spec, wl, 11 + i, "cpu")
+    return task, wl, args, [a.name for a in task.spec.args]
+
+
+def _moved(counts: dict) -> int:
+    return sum(v["read"] + v["written"] for k, v in counts.items() if k != "other")
+
+
+@pytest.mark.parametrize("i", range(len(CASES)), ids=[f"{t}-{i}" for i, (t, _) in enumerate(CASES)])
+def test_skeleton_moves_the_sol_bytes(bs, i):
+    task, wl, args, names = _case(i)
+    counts = bs.skeleton_bytes(task.spec.id, args, names)
+    sol = bs.sol_bytes(task, wl)
+    slack = bs.SLACK[task.spec.id](wl.axes)
+    assert abs(_moved(counts) - sol) <= slack, (counts, sol)
+    # the pattern: the latent / suffix / x rows are requested once per head block / program, the
+    # weights and tables are only inputs (no writes), the outputs written once
+    if task.spec.id == "mla_decode_absorbed":
+        blocks = 1 if wl.axes["H"] <= 16 else -(-wl.axes["H"] // 64)
+        assert counts["kv_cache"]["read_requested"] == blocks * counts["kv_cache"]["read"]
+        assert counts["o"]["written"] == 2 * wl.axes["B"] * wl.axes["H"] * wl.axes["DV"]
+    if task.spec.id == "lora_shrink_expand":
+        assert counts["y"]["written"] == counts["y"]["read"] > 0
+        assert counts["x"]["read_requested"] == counts["x"]["read"]
+
+
+def test_cascade_split_prefix_requests_each_byte_once(bs):
+    task, wl, args, names = _case(2)
+    counts = bs.skeleton_bytes(task.spec.id, args, names, split_prefix=True)
+    assert abs(_moved(counts) - bs.sol_bytes(task, wl)) <= bs.SLACK[task.spec.id](wl.axes)
+    assert counts["k_cache"]["read_requested"] == counts["k_cache"]["read"]
+
+
+def test_wrong_skeletons_fail(bs):
+    """Skeletons fed wrong parameters move other bytes than the SOL model, and the check sees it."""
+    # mla: lengths rounded up to whole pages -> NaN rows past each request's end are read
+    task, wl, args, names = _case(0)
+    bad = list(args)
+    ps = wl.axes["PS"]
+    bad[4] = ((args[4] + ps - 1) // ps * ps).to(torch.int32)
+    assert bool((bad[4] != args[4]).any())
+    assert abs(_moved(bs.skeleton_bytes(task.spec.id, bad, names)) - bs.sol_bytes(task, wl)) > bs.SLACK[task.spec.id](wl.axes)
+    # cascade: the prefix passed as 0 -> every request reads the shared prefix itself (plain paged decode)
+    task, wl, args, names = _case(2)
+    bad = list(args)
+    bad[5] = 0
+    assert abs(_moved(bs.skeleton_bytes(task.spec.id, bad, names)) - bs.sol_bytes(task, wl)) > bs.SLACK[task.spec.id](wl.axes)
+    # lora: tokens without an adapter given adapter 0 -> their x and y rows are moved too
+    task, wl, args, names = _case(3)
+    bad = list(args)
+    assert bool((args[5] < 0).any())
+    bad[5] = args[5].clamp(min=0)
+    bad[1] = args[1].clone()
+    assert abs(_moved(bs.skeleton_bytes(task.spec.id, bad, names)) - bs.sol_bytes(task, wl)) > bs.SLACK[task.spec.id](wl.axes)
+
+
+def test_registered_workloads_exist(bs):
+    for task_id, wid in bs.WORKLOADS + bs.COMPUTE:
+        assert not load_task(task_id).spec.workload(wid).correctness_only
