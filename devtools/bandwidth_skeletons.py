@@ -16,7 +16,11 @@ for 3x the L2, like the worker):
   pattern: the expert's grid (programs per launch, split-K / page splits, head blocks), its
   per-program tile shapes (the autotuned config the expert picked on this GPU when one exists)
   and its gathers (the same block-table page lookups, page size and masks). They do no
-  arithmetic beyond a reduction that keeps the loads alive; the reduction goes to a sink that is
+  arithmetic beyond a reduction that keeps the loads alive: column sums of every loaded tile
+  that the expert feeds to an MMA, taken as one MMA with a [16, rows] matrix of ones (so the
+  tiles take the expert's operand path: Triton software-pipelines MMA operands through shared
+  memory with the launch's ``num_stages``, which it does not do for loads feeding plain
+  reductions), at most 1/2 of the expert's MMA work per tile. The result goes to a sink that is
   stored only if it equals an impossible sentinel (no bytes), and the outputs the SOL model
   counts (``o``; lora's ``y`` read-modify-write) are written, nothing else (the experts'
   intermediates: partials, ``q_lat``, the FP32 LoRA buffer, are not part of the SOL bytes and
@@ -51,12 +55,16 @@ L2-resident tiles with the expert's grid, head block and tile depth and its tile
 ``mma`` the three MMAs per tile only (``S = q_lat c^T + q_pe k_pe^T``, ``acc += P c`` with P the
 scores cast to bf16), ``mma_softmax`` with the online softmax between them (the expert's inner
 loop without HBM traffic); % of the 790 TFLOP/s bf16 ceiling counts the task's tensor-core SOL
-FLOPs.
+FLOPs. For the cascade workloads ``prefix_mma_softmax`` runs the expert's prefix programs alone
+(the same grid, 64-row q tiles and chunk lengths) on L2-resident K/V tiles: the time the
+tensor-core half of the cascade needs with no HBM traffic (the expert overlaps it with the
+suffix stream on the same SMs).
 
 Usage (repo root)::
 
-    PYTHONPATH=src python3 devtools/bandwidth_skeletons.py [--only TASK/WORKLOAD ...]
+    PYTHONPATH=src python3 devtools/bandwidth_skeletons.py [--only TASK/WORKLOAD ...] [--budget-s 100]
         [--json FILE] [--markdown FILE]          # a GPU
+    PYTHONPATH=src TRITON_INTERPRET=1 python devtools/bandwidth_skeletons.py --dry-run   # host logic, CPU
     PYTHONPATH=src python devtools/bandwidth_skeletons.py --compile-only   # no GPU: sm_90 compile
 
 ``--compile-only`` builds the launches of every skeleton at the registered shapes with the
@@ -71,9 +79,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -86,17 +96,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 #: The sink is stored only when a reduction equals this (never, for finite inputs: no bytes).
 SENTINEL = 1.0e30
-#: Registered workloads that miss the memory-bound bar (task, workload).
+#: Registered workloads that miss the memory-bound bar (task, workload), interleaved by task so
+#: that a run cut short by ``--budget-s`` still covers every task.
 WORKLOADS = [
     ("mla_decode_absorbed", "dsv3_tp8_b64"),
-    ("mla_decode_absorbed", "dsv3_dp_b64_h128"),
-    ("mla_decode_absorbed", "kimi_k2_tp4_b4_l128k"),
-    ("cascade_prefix_decode", "llama31_8b_parallel_n128"),
-    ("cascade_prefix_decode", "qwen3_32b_sysprompt_n64"),
     ("cascade_prefix_decode", "llama31_70b_tp8_n256"),
-    ("lora_shrink_expand", "llama31_8b_qkv_prefill_t8192"),
-    ("lora_shrink_expand", "llama31_8b_gateup_decode_t256"),
     ("lora_shrink_expand", "llama31_70b_down_t2048"),
+    ("mla_decode_absorbed", "dsv3_dp_b64_h128"),
+    ("cascade_prefix_decode", "llama31_8b_parallel_n128"),
+    ("lora_shrink_expand", "llama31_8b_qkv_prefill_t8192"),
+    ("mla_decode_absorbed", "kimi_k2_tp4_b4_l128k"),
+    ("cascade_prefix_decode", "qwen3_32b_sysprompt_n64"),
+    ("lora_shrink_expand", "llama31_8b_gateup_decode_t256"),
 ]
 #: Workloads with a compute skeleton (a compute-bound bar).
 COMPUTE = [("mla_decode_absorbed", "dsv3_dp_b64_h128")]
@@ -148,7 +159,9 @@ def _mla_latent_read(QP, KV, BT, SL, SINK, B, H, NW, stride_pb, stride_ph, strid
     offs_l = tl.arange(0, DL)
     offs_r = tl.arange(0, DR)
     offs_n = tl.arange(0, BLOCK_N)
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    ones = tl.full([16, BLOCK_N], 1.0, dtype=KV.dtype.element_ty)
+    acc_l = tl.zeros([16, DL], dtype=tl.float32)
+    acc_r = tl.zeros([16, DR], dtype=tl.float32)
     qsum = tl.zeros([BLOCK_H], dtype=tl.float32)
     cur = w * per_worker
     end = tl.minimum(cur + per_worker, total)
@@ -169,9 +182,10 @@ def _mla_latent_read(QP, KV, BT, SL, SINK, B, H, NW, stride_pb, stride_ph, strid
             row = KV + page * stride_kp + slot[:, None].to(tl.int64) * stride_ks
             c = tl.load(row + offs_l[None, :], mask=ok[:, None], other=0.0)
             kpe = tl.load(row + DL + offs_r[None, :], mask=ok[:, None], other=0.0)
-            acc += tl.sum(c.to(tl.float32), 1) + tl.sum(kpe.to(tl.float32), 1)
+            acc_l = tl.dot(ones, c, acc_l)                 # column sums on the tensor cores: the
+            acc_r = tl.dot(ones, kpe, acc_r)               # tiles take the expert's MMA-operand path
         cur = seg_end
-    _sink(SINK, hb * NW + w, tl.sum(acc, 0) + tl.sum(qsum, 0))
+    _sink(SINK, hb * NW + w, tl.sum(tl.sum(acc_l, 1), 0) + tl.sum(tl.sum(acc_r, 1), 0) + tl.sum(qsum, 0))
 
 
 @triton.jit
@@ -247,7 +261,9 @@ def _cascade_read(Q, KC, VC, BT, SL, O, SINK, P, N, PC, SC,
     n_pre = HKV * NPC * ROW_TILES
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    ones = tl.full([16, BLOCK_N], 1.0, dtype=KC.dtype.element_ty)
+    acc_k = tl.zeros([16, HEAD_DIM], dtype=tl.float32)
+    acc_v = tl.zeros([16, HEAD_DIM], dtype=tl.float32)
     if pid < n_pre:
         rt = pid % ROW_TILES
         c = (pid // ROW_TILES) % NPC
@@ -295,8 +311,9 @@ def _cascade_read(Q, KC, VC, BT, SL, O, SINK, P, N, PC, SC,
         slot = (tok % PAGE).to(tl.int64)
         k = tl.load(k_head + (page * stride_kp + slot * stride_ks)[:, None] + offs_d[None, :], mask=ok[:, None], other=0.0)
         v = tl.load(v_head + (page * stride_vp + slot * stride_vs)[:, None] + offs_d[None, :], mask=ok[:, None], other=0.0)
-        acc += tl.sum(k.to(tl.float32), 1) + tl.sum(v.to(tl.float32), 1)
-    tot = tl.sum(acc, 0) + qsum
+        acc_k = tl.dot(ones, k, acc_k)                     # column sums on the tensor cores (the
+        acc_v = tl.dot(ones, v, acc_v)                     # expert's MMA-operand path for K and V)
+    tot = tl.sum(tl.sum(acc_k + acc_v, 1), 0) + qsum
     if pid >= n_pre:
         if c == 0:
             out = tl.zeros([QROWS, HEAD_DIM], dtype=tl.float32) + tot
@@ -306,6 +323,36 @@ def _cascade_read(Q, KC, VC, BT, SL, O, SINK, P, N, PC, SC,
             _sink(SINK, pid, tot)
     else:
         _sink(SINK, pid, tot)
+
+
+@triton.jit
+def _cascade_prefix_mma(KV, Q, SINK, P, PC, qk_scale, HEAD_DIM: tl.constexpr, ROW_TILES: tl.constexpr,
+                        NPC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TILES: tl.constexpr):
+    """Grid (HKV * NPC * ROW_TILES,): the cascade expert's prefix programs without HBM traffic:
+    chunk c's tokens in BLOCK_N tiles cycling over TILES L2-resident [BLOCK_N, HEAD_DIM] K and V
+    tiles, the expert's online softmax step (Q K^T, exp2, rescale, P V) for a BLOCK_M-row q tile."""
+    pid = tl.program_id(0)
+    c = (pid // ROW_TILES) % NPC
+    n = tl.minimum(PC, P - c * PC)
+    rm = tl.arange(0, BLOCK_M)
+    rn = tl.arange(0, BLOCK_N)
+    rd = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + rm[:, None] * HEAD_DIM + rd[None, :])
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    for t in range(0, tl.cdiv(n, BLOCK_N)):
+        j = (pid + t) % TILES
+        k = tl.load(KV + (2 * j * BLOCK_N + rn)[:, None] * HEAD_DIM + rd[None, :])
+        v = tl.load(KV + ((2 * j + 1) * BLOCK_N + rn)[:, None] * HEAD_DIM + rd[None, :])
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+    _sink(SINK, pid, tl.sum(tl.sum(acc, 1), 0) + tl.sum(l_i, 0))
 
 
 @triton.jit
@@ -343,15 +390,17 @@ def _lora_shrink_read(x_ptr, a_ptr, sorted_ptr, counts_ptr, SINK, L, K, k_per_sp
     k_lo = tl.program_id(1) * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     rk = tl.arange(0, BK)
-    accx = tl.zeros([BM], dtype=tl.float32)
-    acca = tl.zeros([SRP], dtype=tl.float32)
+    ones_m = tl.full([16, BM], 1.0, dtype=x_ptr.dtype.element_ty)
+    ones_k = tl.full([16, BK], 1.0, dtype=a_ptr.dtype.element_ty)
+    accx = tl.zeros([16, BK], dtype=tl.float32)
+    acca = tl.zeros([16, SRP], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BK):
         kin = (k0 + rk) < k_hi
         xt = tl.load(x_ptr + tok[:, None] * stride_xt + (k0 + rk)[None, :], mask=rmask[:, None] & kin[None, :], other=0.0)
         at = tl.load(a_ptr + a_rows[None, :] + (k0 + rk)[:, None], mask=kin[:, None] & qmask[None, :], other=0.0)
-        accx += tl.sum(xt.to(tl.float32), 1)
-        acca += tl.sum(at.to(tl.float32), 0)
-    _sink(SINK, j * tl.num_programs(1) + tl.program_id(1), tl.sum(accx, 0) + tl.sum(acca, 0))
+        accx = tl.dot(ones_m, xt, accx)                   # column sums on the tensor cores (the
+        acca = tl.dot(ones_k, at, acca)                   # expert's MMA-operand path for x and A)
+    _sink(SINK, j * tl.num_programs(1) + tl.program_id(1), tl.sum(tl.sum(accx, 1), 0) + tl.sum(tl.sum(acca, 1), 0))
 
 
 @triton.jit
@@ -380,11 +429,12 @@ def _lora_expand_rmw(b_ptr, y_ptr, sorted_ptr, counts_ptr, offs_ptr, L, N, S,
     y_ptrs = y_ptr + tok[:, None] * stride_yt + cols[None, :]
     ymask = rmask[:, None] & nmask[None, :]
     yv = tl.load(y_ptrs, mask=ymask, other=0.0)
-    accb = tl.zeros([BN], dtype=tl.float32)
+    ones = tl.full([16, R], 1.0, dtype=b_ptr.dtype.element_ty)
+    accb = tl.zeros([16, BN], dtype=tl.float32)
     for s in range(s_first, s_last + 1):
         bt = tl.load(b_base, mask=(nmask & (col_slice == s))[None, :], other=0.0)
-        accb += tl.sum(bt.to(tl.float32), 0)
-    out = yv.to(tl.float32) + (accb * 0.0)[None, :]
+        accb = tl.dot(ones, bt, accb)                     # the B tile as an MMA operand, like the expert's
+    out = yv.to(tl.float32) + (tl.sum(accb, 0) * 0.0)[None, :]
     tl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=ymask)
 
 
@@ -426,8 +476,8 @@ def mla_skeleton(expert, args: list, sms: int) -> tuple[str, Callable[[], None]]
     _, PS, _ = kv.shape
     DL, DV = w_uv.shape[1], w_uv.shape[2]
     nw = expert.workers(H, sms)
-    if _INTERPRET:
-        cfg = {"BLOCK_H": 16 if H <= 16 else 64, "BLOCK_N": 16, "num_warps": 1, "num_stages": 1}
+    if _INTERPRET:   # small CPU test workloads: 16-row head blocks (two blocks from H = 17 on)
+        cfg = {"BLOCK_H": 16, "BLOCK_N": 16, "num_warps": 1, "num_stages": 1}
     else:
         cfg = _tuned(expert._latent_kernel, {"BLOCK_H": 16 if H <= 16 else 64, "BLOCK_N": 32 if H <= 16 else 64,
                                              "num_warps": 4 if H <= 16 else 8, "num_stages": 3 if H <= 16 else 2})
@@ -517,6 +567,38 @@ def cascade_skeleton(expert, args: list, sms: int, split_prefix: bool = False) -
             f"{', split' if split_prefix else ''}) + {N * Hkv * nsc} suffix programs ({nsc} chunks of {sc}), "
             f"BLOCK_N {cfg['BLOCK_N']}, {cfg['num_warps']} warps, {cfg['num_stages']} stages")
     return what, call
+
+
+def cascade_prefix_compute(expert, args: list, sms: int) -> tuple[str, Callable[[], None], float]:
+    """The cascade prefix programs' MMAs and online softmax on L2-resident tiles (the expert's
+    prefix grid, row tile and chunk sizes): ``(description, call, MMA FLOPs per call)``."""
+    q, k_cache, _v, bts, _sl, prefix_len, scale = args
+    N, Hq, D = q.shape
+    _, BS, Hkv, _ = k_cache.shape
+    P = int(prefix_len) // BS * BS
+    group = Hq // Hkv
+    npc, pc, _nsc, _sc = expert.plan(N, Hq, Hkv, P, bts.shape[1] * BS - P, sms)
+    row_tiles = triton.cdiv(N * group, expert.BLOCK_M)
+    cfg = _tuned(expert._cascade_kernel, {"BLOCK_N": 16, "num_warps": 1, "num_stages": 1} if _INTERPRET
+                 else {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2})
+    bn, bm, ntiles = cfg["BLOCK_N"], expert.BLOCK_M, 16
+    dev = q.device
+    kv = (torch.randn((2 * ntiles * bn, D), device="cpu") * 0.1).to(q.dtype).to(dev)
+    qt = (torch.randn((bm, D), device="cpu") * 0.1).to(q.dtype).to(dev)
+    grid = (Hkv * npc * row_tiles,)
+    sink = _sink_buf(grid[0], dev)
+    tokens = sum(min(pc, P - c * pc) for c in range(npc)) * Hkv * row_tiles
+    flops = 4.0 * bm * D * tokens
+
+    def call():
+        if grid[0]:
+            _cascade_prefix_mma[grid](kv, qt, sink, P, pc, scale * 1.4426950408889634, HEAD_DIM=D, ROW_TILES=row_tiles,
+                                      NPC=max(1, npc), BLOCK_M=bm, BLOCK_N=bn, TILES=ntiles,
+                                      num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+
+    what = (f"prefix programs only, on L2-resident K/V: {grid[0]} programs ({Hkv} KV x {npc} chunks of {pc} x "
+            f"{row_tiles} row tiles of {bm}), BLOCK_N {bn}: Q K^T, online softmax, P V")
+    return what, call, flops
 
 
 def lora_skeleton(expert, args: list, sms: int) -> tuple[str, Callable[[], None]]:
@@ -674,17 +756,25 @@ def skeleton_bytes(task_id: str, args: list, names: list[str], sms: int = 4, **k
 # GPU measurement
 # ----------------------------------------------------------------------------------------------
 
-def _n_sets(args: list) -> int:
+#: ``--dry-run`` (CPU interpreter): a smoke workload stands in for each task's registered ones.
+DRY = {"mla_decode_absorbed": "smoke_b2_h80_two_blocks", "cascade_prefix_decode": "smoke_n6_h4x2_d32_p40",
+       "lora_shrink_expand": "smoke_t24_k64_s3_decode"}
+
+
+def _n_sets(args: list, l2: int) -> int:
     """The worker's graph-timing input sets: enough for 3x the L2 (d2kbench.harness.worker)."""
     from d2kbench.checking.inputs import args_nbytes
 
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
     return int(min(4, max(1, -(-3 * l2 // max(1, args_nbytes(args))))))
 
 
-def measure(only: list[str] | None = None, target_ms: float = 150.0) -> dict:
+def measure(only: list[str] | None = None, target_ms: float = 150.0, budget_s: float | None = None,
+            on_workload: Callable[[dict], None] | None = None, dry_run: bool = False) -> dict:
     """Graph-timed per-call medians of the skeletons, flat reads, compute skeletons and experts;
-    GPU only.
+    GPU only. A workload is started only while ``budget_s`` (seconds since the call) leaves room
+    (the rest get a ``skipped`` row); ``on_workload(result so far)`` runs after each workload.
+    ``dry_run``: the host logic on the CPU (interpreter, :data:`DRY` smoke workloads, each call
+    run once and reported as 1 ms).
 
     Raises:
         RuntimeError: no GPU.
@@ -697,18 +787,28 @@ def measure(only: list[str] | None = None, target_ms: float = 150.0) -> dict:
     from d2kbench.tasks.formula import evaluate_formula
     from d2kbench.tasks.loader import import_file
 
-    if not torch.cuda.is_available():
+    if not dry_run and not torch.cuda.is_available():
         raise RuntimeError("the skeletons are timed on a GPU")
-    props = torch.cuda.get_device_properties(0)
-    sms = props.multi_processor_count
+    dev = "cpu" if dry_run else "cuda"
+    props = torch.cuda.get_device_properties(0) if not dry_run else None
+    sms = props.multi_processor_count if props else 4
+    l2 = props.L2_cache_size if props else 50 << 20
+    gpu = props.name if props else "H200"
     try:
-        ceil = ceilings(props.name, "measured")
+        ceil = ceilings(gpu, "measured")
         hbm, tc = ceil.hbm_tbps, ceil.bf16_tflops
     except ValueError:
         hbm, tc = MEASURED_HBM_TBPS, MEASURED_BF16_TFLOPS
-    rows = []
+    rows: list[dict] = []
+    t_start = time.monotonic()
+    res = {"environment": fingerprint(dev), "hbm_tbps": hbm, "bf16_tflops": tc, "rows": rows,
+           "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
     def t(call, n_sets):
+        if dry_run:
+            for i in range(n_sets):
+                call(i)
+            return 1.0
         st = timing.time_graph(call, n_sets, warmup_ms=50.0, min_samples=10, max_samples=40, target_ms=target_ms)
         return st.median_ms
 
@@ -723,42 +823,51 @@ def measure(only: list[str] | None = None, target_ms: float = 150.0) -> dict:
         print(f"{task_id}/{wid} {kind}: {ms * 1e3:.1f} us, {r['tbps']:.3f} TB/s ({r['pct_hbm']:.1f}% HBM)"
               + (f", {r['tflops']:.0f} TFLOP/s ({r['pct_bf16']:.1f}%)" if flops is not None else ""), flush=True)
 
+    def one(task_id: str, wid: str) -> None:
+        task = load_task(task_id)
+        ref = task.reference_module()
+        expert = import_file(task.resolve_solution("expert"))
+        wl = task.spec.workload(DRY[task_id] if dry_run else wid)
+        nbytes = sol_bytes(task, wl)
+        first = make_args(ref, task.spec, wl, 1000, dev)
+        n_sets = _n_sets(first, l2)
+        sets = [first] + [make_args(ref, task.spec, wl, 1000 + s, dev) for s in range(1, n_sets)]
+        exp_ms = t(lambda i: expert.run(*sets[i]), n_sets)       # also autotunes the expert first
+        calls = [SKELETONS[task_id](expert, a, sms) for a in sets]
+        row(task_id, wid, "skeleton", calls[0][0], t(lambda i: calls[i][1](), n_sets), nbytes)
+        if task_id == "cascade_prefix_decode":
+            split = [cascade_skeleton(expert, a, sms, split_prefix=True) for a in sets]
+            row(task_id, wid, "skeleton_split", split[0][0], t(lambda i: split[i][1](), n_sets), nbytes)
+        fsets = 1 if dry_run else max(n_sets, int(-(-3 * l2 // int(nbytes))))
+        row(task_id, wid, "flat", f"contiguous read of the SOL bytes, {4 * sms} programs, {fsets} rotating buffers",
+            t(flat_reader(int(nbytes), dev, sms, fsets), fsets), nbytes)
+        tc_sol = evaluate_formula(task.spec.sol.counts(task.spec.sol.floor).tc_flops, wl.axes)
+        row(task_id, wid, "expert", "the expert's run()", exp_ms, nbytes, flops=tc_sol or None)
+        compute = []
+        if task_id == "cascade_prefix_decode":
+            compute.append(("prefix_mma_softmax", cascade_prefix_compute(expert, sets[0], sms)))
+        if (task_id, wid) in COMPUTE or (dry_run and task_id == "mla_decode_absorbed"):
+            compute += [("mma_softmax" if sm else "mma", mla_compute(expert, sets[0], sms, sm)) for sm in (False, True)]
+        for kind, (what, call, flops) in compute:
+            ms = t(lambda i, call=call: call(), 1)
+            row(task_id, wid, kind, what, ms, nbytes, flops=tc_sol, skeleton_mma_tflops=flops / (ms * 1e-3) / 1e12)
+
     for task_id, wid in WORKLOADS:
         if only and f"{task_id}/{wid}" not in only and task_id not in only:
             continue
+        if budget_s is not None and time.monotonic() - t_start > budget_s:
+            rows.append({"task": task_id, "workload": wid, "kind": "skipped", "what": f"time budget {budget_s} s spent"})
+            continue
         try:
-            task = load_task(task_id)
-            ref = task.reference_module()
-            expert = import_file(task.resolve_solution("expert"))
-            wl = task.spec.workload(wid)
-            nbytes = sol_bytes(task, wl)
-            first = make_args(ref, task.spec, wl, 1000, "cuda")
-            n_sets = _n_sets(first)
-            sets = [first] + [make_args(ref, task.spec, wl, 1000 + s, "cuda") for s in range(1, n_sets)]
-            exp_ms = t(lambda i: expert.run(*sets[i]), n_sets)       # also autotunes the expert first
-            calls = [SKELETONS[task_id](expert, a, sms) for a in sets]
-            row(task_id, wid, "skeleton", calls[0][0], t(lambda i: calls[i][1](), n_sets), nbytes)
-            if task_id == "cascade_prefix_decode":
-                split = [cascade_skeleton(expert, a, sms, split_prefix=True) for a in sets]
-                row(task_id, wid, "skeleton_split", split[0][0], t(lambda i: split[i][1](), n_sets), nbytes)
-            fsets = max(n_sets, int(-(-3 * props.L2_cache_size // int(nbytes))))
-            row(task_id, wid, "flat", f"contiguous read of the SOL bytes, {4 * sms} programs, {fsets} rotating buffers",
-                t(flat_reader(int(nbytes), "cuda", sms, fsets), fsets), nbytes)
-            tc_sol = evaluate_formula(task.spec.sol.counts(task.spec.sol.floor).tc_flops, wl.axes)
-            row(task_id, wid, "expert", "the expert's run()", exp_ms, nbytes, flops=tc_sol or None)
-            if (task_id, wid) in COMPUTE:
-                for softmax in (False, True):
-                    what, call, flops = mla_compute(expert, sets[0], sms, softmax)
-                    ms = t(lambda i: call(), 1)
-                    row(task_id, wid, "mma_softmax" if softmax else "mma", what, ms, nbytes, flops=tc_sol,
-                        skeleton_mma_tflops=flops / (ms * 1e-3) / 1e12)
-            del sets, first, calls
-            torch.cuda.empty_cache()
+            one(task_id, wid)
         except Exception as e:  # noqa: BLE001 - one workload's failure must not lose the others
             rows.append({"task": task_id, "workload": wid, "kind": "error", "what": f"{type(e).__name__}: {e}"[:400]})
             print(f"{task_id}/{wid}: ERROR {type(e).__name__}: {e}", flush=True)
-    return {"environment": fingerprint("cuda"), "hbm_tbps": hbm, "bf16_tflops": tc,
-            "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "rows": rows}
+        if not dry_run:
+            torch.cuda.empty_cache()
+        if on_workload is not None:
+            on_workload(res)
+    return res
 
 
 def markdown(res: dict) -> str:
@@ -774,25 +883,27 @@ def markdown(res: dict) -> str:
              "| task | workload | kind | SOL MB | us per call | TB/s | % HBM | TFLOP/s (% bf16) | what |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
-        if r["kind"] == "error":
-            lines.append(f"| {r['task']} | {r['workload']} | error | | | | | | {r['what']} |")
+        if r["kind"] in ("error", "skipped"):
+            lines.append(f"| {r['task']} | {r['workload']} | {r['kind']} | | | | | | {r['what']} |")
             continue
         tf = f"{r['tflops']:.0f} ({r['pct_bf16']:.1f})" if "tflops" in r else ""
+        what = r["what"] + (f"; its own MMAs {r['skeleton_mma_tflops']:.0f} TFLOP/s" if "skeleton_mma_tflops" in r else "")
         lines.append(f"| {r['task']} | {r['workload']} | {r['kind']} | {r['sol_bytes'] / 1e6:.1f} | "
-                     f"{r['median_ms'] * 1e3:.1f} | {r['tbps']:.3f} | {r['pct_hbm']:.1f} | {tf} | {r['what']} |")
+                     f"{r['median_ms'] * 1e3:.1f} | {r['tbps']:.3f} | {r['pct_hbm']:.1f} | {tf} | {what} |")
     return "\n".join(lines) + "\n"
 
 
 def _empty_args(task, wl) -> list:
     """Arguments of the workload's shapes and dtypes without values (``torch.empty``: the
     skeletons' host code reads none; compile-only)."""
+    from d2kbench.tasks.formula import evaluate_formula
     from d2kbench.tasks.schema import TensorArg
 
     vals = wl.values()
-    out = []
+    out: list = []
     for a in task.spec.args:
         if isinstance(a, TensorArg):
-            shape = [int(eval(str(d), {}, dict(wl.axes))) if not isinstance(d, int) else d for d in a.shape]  # noqa: S307
+            shape = [int(evaluate_formula(str(d), wl.axes)) for d in a.shape]
             dtype = getattr(torch, str(vals.get(a.dtype_param, a.dtype)) if a.dtype_param else a.dtype)
             out.append(torch.empty(shape, dtype=dtype))
         elif a.name == "common_prefix_len":
@@ -821,10 +932,13 @@ def compile_only() -> int:
         expert = import_file(task.resolve_solution("expert"))
         wl = task.spec.workload(wid)
         args = _empty_args(task, wl)
-        calls = [("skeleton", SKELETONS[task_id](expert, args, c.H200_SMS)[1])]
+        calls: list[tuple[str, Callable[[], object]]] = [("skeleton", SKELETONS[task_id](expert, args, c.H200_SMS)[1])]
         if task_id == "cascade_prefix_decode":
             calls.append(("skeleton_split", cascade_skeleton(expert, args, c.H200_SMS, split_prefix=True)[1]))
-        calls.append(("flat", lambda: flat_reader(int(sol_bytes(task, wl)) // 64, "cpu", c.H200_SMS, 1)(0)))
+        if task_id == "cascade_prefix_decode":
+            calls.append(("prefix_mma_softmax", cascade_prefix_compute(expert, args, c.H200_SMS)[1]))
+        flat = flat_reader(int(sol_bytes(task, wl)) // 64, "cpu", c.H200_SMS, 1)   # same kernel at any size
+        calls.append(("flat", functools.partial(flat, 0)))
         if (task_id, wid) in COMPUTE:
             args[4] = torch.full_like(args[4], int(wl.axes["MAXP"]) * int(wl.axes["PS"]))  # lengths for tile counts
             for sm in (False, True):
@@ -844,19 +958,24 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", nargs="+", help="TASK or TASK/WORKLOAD")
     ap.add_argument("--target-ms", type=float, default=150.0, help="sampling time per timing")
+    ap.add_argument("--budget-s", type=float, help="start no workload after this many seconds")
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--dry-run", action="store_true", help="host logic on the CPU (TRITON_INTERPRET=1, smoke workloads)")
     a = ap.parse_args()
     if a.compile_only:
         return 1 if compile_only() else 0
-    res = measure(a.only, a.target_ms)
-    text = markdown(res)
-    print(text)
-    if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=1))
-    if a.markdown:
-        Path(a.markdown).write_text(text)
+
+    def write(res: dict) -> None:
+        if a.json:
+            Path(a.json).write_text(json.dumps(res, indent=1))
+        if a.markdown:
+            Path(a.markdown).write_text(markdown(res))
+
+    res = measure(a.only, a.target_ms, a.budget_s, on_workload=write, dry_run=a.dry_run)
+    write(res)
+    print(markdown(res))
     return 0 if all(r["kind"] != "error" for r in res["rows"]) else 1
 
 
