@@ -915,7 +915,9 @@ def _empty_args(task, wl) -> list:
 
 def compile_only() -> int:
     """Compile every skeleton for sm_90 at the registered shapes without a GPU (devtools/
-    compile_sm90.py's stand-in driver); returns the number of failed compiles."""
+    compile_sm90.py's stand-in driver), for every config the expert's autotuner may choose
+    (mla, cascade); returns the number of failed compiles. With ``TRITON_CACHE_DIR`` set, the
+    cubins land there (a GPU run with the same Triton can reuse them)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import compile_sm90 as c  # noqa: PLC0415 - pops TRITON_INTERPRET, patches nothing yet
     from triton.runtime import driver
@@ -932,17 +934,26 @@ def compile_only() -> int:
         expert = import_file(task.resolve_solution("expert"))
         wl = task.spec.workload(wid)
         args = _empty_args(task, wl)
-        calls: list[tuple[str, Callable[[], object]]] = [("skeleton", SKELETONS[task_id](expert, args, c.H200_SMS)[1])]
-        if task_id == "cascade_prefix_decode":
-            calls.append(("skeleton_split", cascade_skeleton(expert, args, c.H200_SMS, split_prefix=True)[1]))
-        if task_id == "cascade_prefix_decode":
-            calls.append(("prefix_mma_softmax", cascade_prefix_compute(expert, args, c.H200_SMS)[1]))
-        flat = flat_reader(int(sol_bytes(task, wl)) // 64, "cpu", c.H200_SMS, 1)   # same kernel at any size
+        calls: list[tuple[str, Callable[[], object]]] = []
+        # every config the expert's autotuner may pick on the GPU (the skeletons follow its choice)
+        tuned = {"mla_decode_absorbed": "_latent_kernel", "cascade_prefix_decode": "_cascade_kernel"}.get(task_id)
+        kernel = getattr(expert, tuned) if tuned else None
+        configs = kernel.configs if kernel is not None else [None]
+        if task_id == "mla_decode_absorbed":
+            configs = expert._prune(configs, {"H": wl.axes["H"], "PAGE": wl.axes["PS"]})
+        for cfg in configs:
+            if kernel is not None:
+                kernel.best_config = cfg
+            calls.append(("skeleton", SKELETONS[task_id](expert, args, c.H200_SMS)[1]))
+            if task_id == "cascade_prefix_decode":
+                calls.append(("skeleton_split", cascade_skeleton(expert, args, c.H200_SMS, split_prefix=True)[1]))
+                calls.append(("prefix_mma_softmax", cascade_prefix_compute(expert, args, c.H200_SMS)[1]))
+            if (task_id, wid) in COMPUTE:
+                args[4] = torch.full_like(args[4], int(wl.axes["MAXP"]) * int(wl.axes["PS"]))  # tile counts
+                for sm in (False, True):
+                    calls.append(("mma_softmax" if sm else "mma", mla_compute(expert, args, c.H200_SMS, sm)[1]))
+        flat = flat_reader(int(sol_bytes(task, wl)), "cpu", c.H200_SMS, 1)   # calloc: no pages touched
         calls.append(("flat", functools.partial(flat, 0)))
-        if (task_id, wid) in COMPUTE:
-            args[4] = torch.full_like(args[4], int(wl.axes["MAXP"]) * int(wl.axes["PS"]))  # lengths for tile counts
-            for sm in (False, True):
-                calls.append(("mma_softmax" if sm else "mma", mla_compute(expert, args, c.H200_SMS, sm)[1]))
         for name, call in calls:
             c.LAUNCHES.clear()
             call()
