@@ -23,6 +23,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from d2kbench.harness.evaluate import Options, evaluate
 from d2kbench.integrity.parent import external_edit_only
 from d2kbench.results import Evaluation, WorkloadResult
@@ -30,6 +32,15 @@ from d2kbench.tasks import list_tasks, load_task
 
 #: Every (task, solution) the suite ships, in the registry's order.
 SOLUTIONS = [(t, name) for t in list_tasks() for name in load_task(t).solutions()]
+
+#: The shared evaluations that cost the test run the most CPU time (each 40-120 s under the
+#: interpreter on the 2-core CI machine: the token-loop straightforward ports of the two recurrent
+#: tasks, their chunked experts, and the fused linear cross-entropy's forward-backward). The tests
+#: that assert on them carry the ``slow`` marker (:func:`param`): CI runs them in its second step
+#: (``-m slow``), the README's test command leaves them out. Their tasks' other tests (the
+#: classic-bug mutants, the reference and tolerance probes) stay in the first step.
+HEAVY = {(t, s) for t in ("fused_linear_cross_entropy", "gated_deltanet_chunk_prefill", "mamba2_ssd_chunk_scan")
+         for s in ("expert", "straightforward")}
 
 #: Every smoke workload per solution instead of the sample below (do that before a release).
 ALL_SMOKE = os.environ.get("D2K_FP_ALL_SMOKE") == "1"
@@ -96,6 +107,13 @@ ASSERTED: dict[tuple[str, str], list[str]] = {
     ("varlen_flash_prefill", "expert"): ["smoke_t160_n9_h3x1_d16_edge"],
     ("varlen_flash_prefill", "straightforward"): ["smoke_t126_n6_h2x1_d16_ladder"],
 }
+
+
+def param(task_id: str, solution: str, *values, id: str | None = None):  # noqa: A002 - pytest's name
+    """``pytest.param(*values)`` (default: ``(task_id, solution)``) with the ``slow`` marker when
+    the shared evaluation of ``(task_id, solution)`` is in :data:`HEAVY`."""
+    marks = [pytest.mark.slow] if (task_id, solution) in HEAVY else []
+    return pytest.param(*(values or ((task_id, solution),)), marks=marks, id=id or f"{task_id}/{solution}")
 
 
 def workload_ids(task_id: str, solution: str) -> list[str]:

@@ -40,6 +40,7 @@ def _events(store, rid, kind):
 
 
 @needs_claude
+@pytest.mark.slow
 def test_claude_code_scripted_run(tmp_path):
     out, store, fp = _run(tmp_path, "claude-code", "claude-sonnet-4-6", claude_script())
     run = store.run(out.run_id)
@@ -73,6 +74,7 @@ def test_claude_code_scripted_run(tmp_path):
 
 
 @needs_codex
+@pytest.mark.slow
 def test_codex_scripted_run(tmp_path):
     out, store, fp = _run(tmp_path, "codex", "gpt-5.5", codex_script())
     run = store.run(out.run_id)

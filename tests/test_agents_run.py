@@ -33,6 +33,7 @@ def _events(store, run_id, kind=None):
     return [(e["turn"], e["kind"], json.loads(e["data_json"])) for e in store.events_of(run_id, kind)]
 
 
+@pytest.mark.slow
 def test_scripted_run_end_to_end_through_the_harness(tmp_path):
     out, store, fp = _run(tmp_path, builtin_script())
     rid = out.run_id
@@ -79,6 +80,7 @@ def test_scripted_run_end_to_end_through_the_harness(tmp_path):
     assert _events(store, rid, "leak_suspect") == [] and summary["leak_suspects"] == 0
 
 
+@pytest.mark.slow
 def test_a_candidate_that_copies_a_held_back_solution_is_excluded(tmp_path):
     """The task's straightforward solution with its names changed: recorded, marked, never
     eligible, so the final answer is the agent's own candidate, and reports name it."""

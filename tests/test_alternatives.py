@@ -161,6 +161,7 @@ def test_sdpa_alternatives_match_the_reference_on_cpu(tmp_path, task_id):
             (alt, [r.cause for r in ev.candidate.results])
 
 
+@pytest.mark.slow
 def test_bench_with_torch_compile_alternative(tmp_path):
     md, store = tmp_path / "b.md", tmp_path / "s.sqlite"
     r = CliRunner().invoke(app, ["bench", "per_token_group_quant_fp8", "-s", "alt:torch_compile", "--baseline",
@@ -186,6 +187,7 @@ def test_show_lists_alternatives():
     assert r.exit_code == 0 and "alt:sdpa_efficient" in r.output and "alt:sdpa_cudnn" in r.output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task_id", ["per_token_group_quant_fp8", "kv_cache_fp8_store"])
 def test_validate_runs_torch_compile_alternatives(task_id):
     assert validate_task(task_id, run_alternatives=True) == []

@@ -119,6 +119,7 @@ def test_campaign_runs_records_and_skips_finished_runs(tmp_path):
         assert (res.already_done, res.started) == (4, 0) and len(fp.requests) == n_requests
 
 
+@pytest.mark.slow
 def test_failed_runs_are_kept_and_retried_only_when_asked(tmp_path):
     with FakeProvider({"steps": [], "exhausted": {"error": 401, "error_message": "invalid key"}}) as fp:
         plan = load_plan(write_plan(tmp_path / "plan.yaml", fp.base_url + "/v1", seeds=1, design="paired"))
@@ -149,6 +150,7 @@ def _wait_for(cond, timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_killed_campaign_resumes_without_redoing_or_losing_runs(tmp_path):
     with FakeProvider(slow_done(1.5)) as fp:
         plan_path = write_plan(tmp_path / "plan.yaml", fp.base_url + "/v1")

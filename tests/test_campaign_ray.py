@@ -28,6 +28,7 @@ def local_ray():
     ray.shutdown()
 
 
+@pytest.mark.slow
 def test_ray_runs_a_small_campaign(tmp_path, local_ray):
     with FakeProvider(slow_done(0.5)) as fp:
         plan = load_plan(write_plan(tmp_path / "plan.yaml", fp.base_url + "/v1", seeds=1))
@@ -43,6 +44,7 @@ def test_ray_runs_a_small_campaign(tmp_path, local_ray):
         assert len(fp.requests) == 4
 
 
+@pytest.mark.slow
 def test_ray_campaign_killed_midway_resumes(tmp_path, local_ray):
     with FakeProvider(slow_done(1.5)) as fp:
         plan_path = write_plan(tmp_path / "plan.yaml", fp.base_url + "/v1")

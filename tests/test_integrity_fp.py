@@ -15,7 +15,7 @@ files let both workers evaluate). The GPU variant (``-k cuda``) covers all three
 from __future__ import annotations
 
 import pytest
-from shipped import SOLUTIONS, assert_not_flagged, flagged
+from shipped import SOLUTIONS, assert_not_flagged, flagged, param
 
 from d2kbench.harness.evaluate import Options, evaluate
 from d2kbench.integrity.parent import external_edit_only as _external_edit_only
@@ -25,7 +25,7 @@ from d2kbench.tasks import load_task
 NOT_EXPERT = [(t, n) for t, n in SOLUTIONS if n != "expert"]
 
 
-@pytest.mark.parametrize("item", NOT_EXPERT, ids=[f"{t}/{n}" for t, n in NOT_EXPERT])
+@pytest.mark.parametrize("item", [param(t, n) for t, n in NOT_EXPERT])
 def test_shipped_solution_is_not_flagged(item, shipped):
     assert_not_flagged(item, shipped.get(*item))
 

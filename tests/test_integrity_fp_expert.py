@@ -10,7 +10,7 @@ can evaluate them on the other worker at the same time.
 from __future__ import annotations
 
 import pytest
-from shipped import SOLUTIONS, assert_not_flagged
+from shipped import SOLUTIONS, assert_not_flagged, param
 
 EXPERTS = [(t, n) for t, n in SOLUTIONS if n == "expert"]
 
@@ -19,6 +19,6 @@ def test_every_task_ships_an_expert():
     assert len(EXPERTS) == len({t for t, _ in SOLUTIONS})
 
 
-@pytest.mark.parametrize("item", EXPERTS, ids=[f"{t}/{n}" for t, n in EXPERTS])
+@pytest.mark.parametrize("item", [param(t, n) for t, n in EXPERTS])
 def test_shipped_expert_is_not_flagged(item, shipped):
     assert_not_flagged(item, shipped.get(*item))

@@ -49,3 +49,14 @@ def test_the_eval_example_has_the_columns_workloads_and_summary_of_today():
     assert all(w in {x.id for x in task.spec.smoke_workloads} for w in wanted)
     assert re.search(rf"^{task.id}: geomean speedup [0-9.]+x over reference \({argv[3]}\)$", text, re.M)
     assert re.search(r"^harness: wall [0-9.]+ s, timed calls [0-9.]+ s, overhead", text, re.M)
+
+
+def test_ci_runs_the_readme_test_command_and_the_slow_tier_it_leaves_out():
+    """CI calls the README's test command (the first tier) and then the ``slow`` tier, so every
+    test runs in CI and a newcomer's command is the one CI proves."""
+    readme = [ln.strip() for ln in (ROOT / "README.md").read_text().splitlines()]
+    commands = [ln for ln in readme if ln.startswith("python -m pytest")]
+    assert commands and all('-m "not slow"' in c for c in commands), commands
+    ci = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines() if not ln.lstrip().startswith("#")]
+    assert commands[0] in ci, (commands[0], ci)
+    assert commands[0].replace('-m "not slow"', "-m slow") in ci

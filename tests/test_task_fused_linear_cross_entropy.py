@@ -11,6 +11,7 @@ import functools
 import os
 
 import pytest
+from shipped import param
 
 from d2kbench.checking.expected import Expected
 from d2kbench.checking.inputs import clone_args, make_args
@@ -92,7 +93,7 @@ def test_expert_chunks_stay_within_the_memory_bound():
     assert ex.chunk_rows(8192, 128256) == 2048 and ex.chunk_rows(8192, 151936) == 2048
 
 
-@pytest.mark.parametrize("solution", ["expert", "straightforward"])
+@pytest.mark.parametrize("solution", [param(TID, s, s, id=s) for s in ("expert", "straightforward")])
 def test_solutions_pass_through_the_harness(solution, shipped):
     # the correctness-only smoke workload (both solutions run two chunks there), in the session's
     # shared evaluation with every defence on (tests/shipped.py)

@@ -19,6 +19,7 @@ import sys  # noqa: E402
 import types  # noqa: E402
 
 import pytest  # noqa: E402
+from shipped import param
 import torch  # noqa: E402
 
 from d2kbench.checking.inputs import make_args  # noqa: E402
@@ -114,8 +115,8 @@ def _evaluate(solution, workloads: list[str], integrity: bool = True, calls: int
 
 
 @pytest.mark.parametrize("solution, workloads", [
-    ("expert", ["smoke_varlen_n3_h2x4_d32", "smoke_edge_strong_decay_n4"]),
-    ("straightforward", ["smoke_edge_strong_decay_n4"]),
+    param(TID, "expert", "expert", ["smoke_varlen_n3_h2x4_d32", "smoke_edge_strong_decay_n4"], id="expert"),
+    param(TID, "straightforward", "straightforward", ["smoke_edge_strong_decay_n4"], id="straightforward"),
 ])
 def test_solutions_pass_smoke_workloads(solution, workloads, shipped):
     # the session's shared evaluation with every defence on (tests/shipped.py)

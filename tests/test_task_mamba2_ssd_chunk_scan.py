@@ -20,6 +20,7 @@ import sys  # noqa: E402
 import types  # noqa: E402
 
 import pytest  # noqa: E402
+from shipped import param
 import torch  # noqa: E402
 
 from d2kbench.checking.inputs import make_args  # noqa: E402
@@ -117,8 +118,8 @@ def _evaluate(solution, workloads: list[str], integrity: bool = True, calls: int
 
 
 @pytest.mark.parametrize("solution, workloads", [
-    ("expert", ["smoke_varlen_n3_h4_g2_q64", "smoke_edge_extreme_dt_n4"]),
-    ("straightforward", ["smoke_edge_extreme_dt_n4"]),
+    param(TID, "expert", "expert", ["smoke_varlen_n3_h4_g2_q64", "smoke_edge_extreme_dt_n4"], id="expert"),
+    param(TID, "straightforward", "straightforward", ["smoke_edge_extreme_dt_n4"], id="straightforward"),
 ])
 def test_solutions_pass_smoke_workloads(solution, workloads, shipped):
     # the session's shared evaluation with every defence on (tests/shipped.py)

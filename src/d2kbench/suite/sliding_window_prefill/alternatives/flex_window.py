@@ -47,6 +47,23 @@ def _flex():
     return _COMPILED["fn"]
 
 
+def _flex_unfused(*args, **kwargs):
+    """flex_attention's unfused path, chosen explicitly (the CPU stand-in of the tests): compiled
+    flex_attention on the CPU cannot return the LSE (torch 2.13: "torch.compile on CPU only supports
+    inference and `return_lse` is not supported yet"), and calling it uncompiled warns that the
+    scores are materialised, which is the point here. torch's documented switch for running
+    flex_attention without compiling it (``_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG``) is set for
+    this call only."""
+    import torch.nn.attention.flex_attention as flex
+
+    before = getattr(flex, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", False)
+    flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
+    try:
+        return flex.flex_attention(*args, **kwargs)
+    finally:
+        flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = before
+
+
 def _block_mask(S: int, W: int, device):
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -66,10 +83,8 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor, 
     Returns:
         ``(o [B, S, Hq, D] in q's dtype, lse [B, Hq, S] float32)``, new contiguous tensors.
     """
-    from torch.nn.attention.flex_attention import flex_attention
-
     B, S, Hq, _ = q.shape
-    fn = _flex() if q.is_cuda else flex_attention
+    fn = _flex() if q.is_cuda else _flex_unfused
     import torch.nn.attention.flex_attention as flex
 
     kw = dict(score_mod=_score_mod(float(softcap)), block_mask=_block_mask(S, min(int(window), S), q.device),
