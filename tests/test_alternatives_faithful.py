@@ -251,19 +251,51 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
-#: Relative Frobenius error separating the task's function (both activations quantised in 1 x 128
-#: groups, operands dequantised to float16 on the CPU) from a float16 layer that skips the
-#: activation quantisation, on smoke_t5_h256_i128_e4_k2 (sorted path): 0.8e-2 to 2.3e-2 vs 5.1e-2
-#: to 5.3e-2 over seeds 0-2 (see the report of the seed sweep in the test below).
-FIDELITY = 3.5e-2
+def _task_function_in(ref, inp: dict, carrier: torch.dtype) -> torch.Tensor:
+    """The task's function (``reference.run``'s algorithm) with the roundings of the bf16 layer:
+    dequantised operands and the activation in ``carrier``, each expert's weighted output rounded
+    to ``carrier`` before the FP32 combine (the expert's c3), the result in ``carrier``."""
+    x, w13, s13, w2, s2 = (inp[n] for n in ("x", "w13", "w13_scale", "w2", "w2_scale"))
+    tw, ids = inp["topk_weights"], inp["topk_ids"]
+    (T, H), I, k = x.shape, w13.shape[1] // 2, ids.shape[1]
+    xd = ref.dequant_1x128(*ref.quant_1x128(x)).to(carrier).float()
+    c3 = torch.zeros(T * k, H)
+    for e, a_idx in ref.expert_groups(ids, w13.shape[0]):
+        h = xd[a_idx // k] @ ref.dequant_block(w13[e], s13[e]).to(carrier).float().T
+        a = (torch.nn.functional.silu(h[:, :I]) * h[:, I:]).to(carrier)
+        ad = ref.dequant_1x128(*ref.quant_1x128(a)).to(carrier).float()
+        y = ad @ ref.dequant_block(w2[e], s2[e]).to(carrier).float().T
+        c3[a_idx] = (y * tw.reshape(-1)[a_idx, None]).to(carrier).float()
+    return c3.view(T, k, H).sum(dim=1).to(carrier)
 
 
-def test_bf16_fused_moe_quantises_the_activations(tmp_path):
+#: Relative Frobenius distance to :func:`_task_function_in` (float16, the CPU carrier) that
+#: separates the alternative (both activations quantised) from a float16 layer that skips the
+#: activation quantisation: measured on smoke_t5_h256_i128_e4_k2 (sorted path) and
+#: smoke_t1_h256_i256_e8_k4 (decode path), seeds 0-19 (see the report).
+FIDELITY = 1.0e-2
+
+
+@pytest.mark.parametrize("workload, seed", [("smoke_t5_h256_i128_e4_k2", 0), ("smoke_t1_h256_i256_e8_k4", 1)])
+def test_bf16_fused_moe_computes_the_task_function(tmp_path, workload, seed):
     task = load_task(MOE)
     ref = task.reference_module()
-    w = task.spec.workload("smoke_t5_h256_i128_e4_k2")
-    inp = ref.make_inputs({**w.axes, **(w.params or {})}, 0, "cpu")
-    exp = ref.run(**inp)
-    assert _rel(_alt_module(MOE, "bf16_fused_moe").run(**inp), exp) < FIDELITY
-    skip = ("    q, s = _REF.quant_1x128(v)\n    return _REF.dequant_1x128(q, s).to(dtype)\n", "    return v.to(dtype)\n")
-    assert _rel(_alt_module(MOE, "bf16_fused_moe", skip, tmp_path).run(**inp), exp) > FIDELITY
+    w = task.spec.workload(workload)
+    inp = ref.make_inputs({**w.axes, **(w.params or {})}, seed, "cpu")
+    exp = _task_function_in(ref, inp, torch.float16)
+    out = _alt_module(MOE, "bf16_fused_moe").run(**inp)
+    assert _rel(out, exp) < FIDELITY and _passes(MOE, "out", out, ref.run(**inp), ["T", "H"])
+    if seed == 0:   # the former alternative: a bf16 layer on dequantised weights only
+        skip = ("    q, s = _REF.quant_1x128(v)\n    return _REF.dequant_1x128(q, s).to(dtype)\n",
+                "    return v.to(dtype)\n")
+        assert _rel(_alt_module(MOE, "bf16_fused_moe", skip, tmp_path).run(**inp), exp) > FIDELITY
+
+
+# ------------------------------------------------ topk_topp_sampling: the compiled reference
+def test_topk_topp_reference_is_one_graph_for_dynamo():
+    """The torch_compile alternative failed inside inductor's CUDA compilation on torch 2.11
+    (task.yaml records it); the reference itself holds nothing dynamo cannot trace."""
+    ref = load_task("topk_topp_sampling").reference_module()
+    inp = ref.make_inputs({"B": 3, "V": 300, "filters": "mixed", "variant": "masked"}, 0, "cpu")
+    explained = torch._dynamo.explain(ref.run)(*inp.values())
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
