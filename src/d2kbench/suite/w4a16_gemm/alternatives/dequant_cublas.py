@@ -11,6 +11,9 @@ W, which is 4x the 4-bit bytes), so at decode it is far from the HBM bound; it i
 speed a user gets without the fused dequantisation. cuBLAS on a W dequantised once ahead of
 time would be faster but is not a valid comparator here: the harness draws fresh weights
 for every call.
+
+No host data enters the call (no tensor built from Python values, no host read of a device
+value): the call is capturable in the CUDA graphs the harness times decode workloads with.
 """
 
 from __future__ import annotations
@@ -21,11 +24,16 @@ _ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 
 
 def _unpack(words: torch.Tensor) -> torch.Tensor:
-    """``[R, N/8]`` int32 AWQ words -> ``[R, N]`` int32 codes 0..15."""
+    """``[R, N/8]`` int32 AWQ words -> ``[R, N]`` int32 codes 0..15.
+
+    Column ``c`` of a group of 8 is the nibble at bits ``4 * _ORDER.index(c)``: the shifts are
+    Python ints, so no index tensor is built from host data. (A ``torch.tensor(..., device=cuda)``
+    here is a host-to-device copy, which fails inside the CUDA-graph capture the harness times
+    decode workloads with: "Cannot copy between CPU and CUDA tensors during CUDA graph capture".)
+    """
     R, P = words.shape
-    fields = torch.stack([(words >> (4 * i)) & 0xF for i in range(8)], dim=-1)   # [R, P, 8] by field
-    inverse = torch.tensor([_ORDER.index(c) for c in range(8)], device=words.device)  # column -> field
-    return fields.index_select(2, inverse).reshape(R, P * 8)  # a device index: graph-capturable
+    cols = [(words >> (4 * _ORDER.index(c))) & 0xF for c in range(8)]          # in column order
+    return torch.stack(cols, dim=-1).reshape(R, P * 8)
 
 
 def run(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
