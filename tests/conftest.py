@@ -26,7 +26,7 @@ from d2kbench.harness import interpreter_numerics  # noqa: E402
 if os.environ.get("TRITON_INTERPRET") == "1":
     interpreter_numerics.install()  # as in every CPU worker: sm_90's float conversions and fma
 
-from shipped import ShippedEvaluations  # noqa: E402
+from shipped import ShippedEvaluations, needed  # noqa: E402
 
 from d2kbench.harness.evaluate import Options, evaluate  # noqa: E402
 from d2kbench.tasks import load_task  # noqa: E402
@@ -54,12 +54,33 @@ def _stage_solutions() -> Path:
 SOLUTIONS = _stage_solutions()
 
 
-@pytest.fixture(scope="session")
-def shipped(tmp_path_factory) -> ShippedEvaluations:
-    """The session's shared evaluations of the shipped solutions (``tests/shipped.py``), in a
-    folder common to all pytest-xdist workers of the run (the parent of their base temp folders)."""
+def _shipped_root(tmp_path_factory) -> Path:
+    """The folder of the session's shared evaluations: common to all pytest-xdist workers of the
+    run (the parent of their base temp folders, the controller's own base temp folder)."""
     base = tmp_path_factory.getbasetemp()
-    return ShippedEvaluations((base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shipped")
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shipped"
+
+
+@pytest.fixture(scope="session")
+def shipped(tmp_path_factory, request):
+    """The session's shared evaluations of the shipped solutions (``tests/shipped.py``). At the end
+    each process writes what it evaluated and how long it waited for another worker's evaluation
+    (``stats-<worker>.json``), summed in the run's terminal summary."""
+    ev = ShippedEvaluations(_shipped_root(tmp_path_factory))
+    ev.backlog = needed(request.session.items)
+    yield ev
+    ev.write_stats(os.environ.get("PYTEST_XDIST_WORKER", "main"))
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """One line on the shared evaluations: how many, their seconds, and the seconds workers
+    spent waiting for one another's (a waiting worker leaves its core idle)."""
+    factory = getattr(config, "_tmp_path_factory", None)
+    if factory is None:
+        return
+    line = ShippedEvaluations.summary(_shipped_root(factory))
+    if line:
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

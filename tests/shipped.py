@@ -19,6 +19,7 @@ reused across sessions: each session evaluates afresh.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import time
 from pathlib import Path
@@ -32,6 +33,7 @@ from d2kbench.tasks import list_tasks, load_task
 
 #: Every (task, solution) the suite ships, in the registry's order.
 SOLUTIONS = [(t, name) for t in list_tasks() for name in load_task(t).solutions()]
+_KNOWN = set(SOLUTIONS)
 
 #: The shared evaluations that cost the test run the most CPU time (each 40-120 s under the
 #: interpreter on the 2-core CI machine: the token-loop straightforward ports of the two recurrent
@@ -116,6 +118,27 @@ def param(task_id: str, solution: str, *values, id: str | None = None):  # noqa:
     return pytest.param(*(values or ((task_id, solution),)), marks=marks, id=id or f"{task_id}/{solution}")
 
 
+def _try_lock(f) -> bool:
+    """Take the exclusive lock of open file ``f`` if no process holds it."""
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def needed(items) -> list[tuple[str, str]]:
+    """The shared evaluations that the selected test items ask for, as far as their parameters
+    say (``item``: a ``(task, solution)`` pair, as the false-positive tests take it), in the
+    items' order."""
+    pairs = []
+    for it in items:
+        p = getattr(getattr(it, "callspec", None), "params", {}).get("item")
+        if isinstance(p, tuple) and p in _KNOWN and p not in pairs:
+            pairs.append(p)
+    return pairs
+
+
 def workload_ids(task_id: str, solution: str) -> list[str]:
     """The smoke workloads of one shipped solution's shared evaluation, in the task's order.
 
@@ -173,10 +196,17 @@ class ShippedEvaluations:
         self._memo: dict[tuple[str, str], Evaluation] = {}
         self.evaluated: list[tuple[str, str, float]] = []
         self.waited_s = 0.0
+        self._helped_s = 0.0
+        #: Evaluations this session's selected tests will ask for (:func:`needed`), done while
+        #: waiting for another worker's evaluation.
+        self.backlog: list[tuple[str, str]] = []
 
     def get(self, task_id: str, solution: str) -> Evaluation:
         """The session's evaluation of ``solution`` (``reference``, ``straightforward`` or
         ``expert``) of ``task_id`` on :func:`workload_ids` with :func:`options`.
+
+        While another worker holds this evaluation, this one evaluates a pending one of
+        :attr:`backlog` (one no process has started) instead of leaving its core idle.
 
         Raises:
             RuntimeError: the evaluation raised (in whichever worker ran it); the message
@@ -185,27 +215,76 @@ class ShippedEvaluations:
         key = (task_id, solution)
         if key in self._memo:
             return self._memo[key]
-        out, err = self.root / f"{task_id}.{solution}.json", self.root / f"{task_id}.{solution}.error"
+        out, err = self._files(task_id, solution)
         t0 = time.perf_counter()
         with open(self.root / f"{task_id}.{solution}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)   # held while evaluating; others wait here
-            self.waited_s += time.perf_counter() - t0
-            if not out.exists() and not err.exists():
-                t1 = time.perf_counter()
-                try:
-                    text = _evaluate(task_id, solution).model_dump_json()
-                except Exception as e:  # noqa: BLE001 - every test of this solution reports it
-                    err.write_text(f"{type(e).__name__}: {e}")
-                else:
-                    tmp = out.with_suffix(".tmp")
-                    tmp.write_text(text)
-                    os.replace(tmp, out)
-                self.evaluated.append((task_id, solution, time.perf_counter() - t1))
+            while not _try_lock(lock):   # another worker evaluates it: do a pending one meanwhile
+                if not self._evaluate_pending():
+                    fcntl.flock(lock, fcntl.LOCK_EX)   # nothing else to do: wait for its answer
+                    break
+            self.waited_s += time.perf_counter() - t0 - self._helped_s
+            self._helped_s = 0.0
+            self._evaluate_into(task_id, solution)
         if err.exists():
             raise RuntimeError(f"the harness raised evaluating {task_id}/{solution}: {err.read_text()}")
         ev = Evaluation.model_validate_json(out.read_text())
         self._memo[key] = ev
         return ev
+
+    def _files(self, task_id: str, solution: str) -> tuple[Path, Path]:
+        return self.root / f"{task_id}.{solution}.json", self.root / f"{task_id}.{solution}.error"
+
+    def _evaluate_into(self, task_id: str, solution: str) -> None:
+        """Evaluate into the shared files unless some process already did (the lock is held)."""
+        out, err = self._files(task_id, solution)
+        if out.exists() or err.exists():
+            return
+        t1 = time.perf_counter()
+        try:
+            text = _evaluate(task_id, solution).model_dump_json()
+        except Exception as e:  # noqa: BLE001 - every test of this solution reports it
+            err.write_text(f"{type(e).__name__}: {e}")
+        else:
+            tmp = out.with_suffix(".tmp")
+            tmp.write_text(text)
+            os.replace(tmp, out)
+        self.evaluated.append((task_id, solution, time.perf_counter() - t1))
+
+    def _evaluate_pending(self) -> bool:
+        """Evaluate one evaluation of :attr:`backlog` that no process holds or has finished;
+        False when there is none."""
+        while self.backlog:
+            task_id, solution = self.backlog.pop(0)
+            out, err = self._files(task_id, solution)
+            if out.exists() or err.exists():
+                continue
+            with open(self.root / f"{task_id}.{solution}.lock", "w") as lock:
+                if not _try_lock(lock):
+                    continue  # another process has it
+                t = time.perf_counter()
+                self._evaluate_into(task_id, solution)
+                self._helped_s += time.perf_counter() - t
+                return True
+        return False
+
+    def write_stats(self, worker: str) -> None:
+        """``stats-<worker>.json`` in the shared folder: this process's evaluations (task,
+        solution, seconds) and its seconds spent waiting for another process's evaluation."""
+        (self.root / f"stats-{worker}.json").write_text(json.dumps({"evaluated": self.evaluated,
+                                                                     "waited_s": self.waited_s}))
+
+    @staticmethod
+    def summary(root: Path) -> str:
+        """One line summing every process's ``stats-*.json`` under ``root`` ("" when none)."""
+        stats = [json.loads(p.read_text()) for p in sorted(Path(root).glob("stats-*.json"))] if Path(root).is_dir() else []
+        if not stats:
+            return ""
+        evaluated = [e for s in stats for e in s["evaluated"]]
+        waited = sum(s["waited_s"] for s in stats)
+        slowest = sorted(evaluated, key=lambda e: -e[2])[:3]
+        return (f"shared evaluations of shipped solutions: {len(evaluated)} in {sum(e[2] for e in evaluated):.0f} s "
+                f"(slowest: {', '.join(f'{t}/{s} {sec:.0f} s' for t, s, sec in slowest)}); "
+                f"workers waited {waited:.0f} s for one another's")
 
     def results(self, task_id: str, solution: str, workloads: list[str]) -> list[WorkloadResult]:
         """The shared evaluation's results on ``workloads`` (each must be in :data:`ASSERTED`).
