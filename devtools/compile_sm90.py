@@ -40,8 +40,6 @@ import time
 import traceback
 from pathlib import Path
 
-import triton
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from d2kbench.checking.inputs import make_args  # noqa: E402
 from d2kbench.integrity.sm90_aot import install_sm90_driver, record_launches  # noqa: E402
@@ -51,7 +49,6 @@ from d2kbench.tasks.loader import import_file, list_tasks  # noqa: E402
 H200_SMS = 132
 SMEM_LIMIT = 232448          # sm_90 max dynamic shared memory per block (opt-in)
 REGS_PER_SM = 65536
-CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
 #: One record per launch since the last clear (``d2kbench.integrity.sm90_aot.record_launches``).
 LAUNCHES: list[dict] = []
@@ -59,9 +56,15 @@ LAUNCHES: list[dict] = []
 
 def install() -> None:
     """The stand-in sm_90 driver, the interpreter off, every launch compiled into ``LAUNCHES``
-    (call before importing any module that defines kernels)."""
+    (call before anything imports triton)."""
     install_sm90_driver()
     record_launches(LAUNCHES)
+
+
+def _cuobjdump() -> Path:
+    import triton  # noqa: PLC0415 - after install(): imported with the interpreter off
+
+    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
 
 def _resources(kernel) -> dict:
@@ -70,7 +73,7 @@ def _resources(kernel) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
-        text = subprocess.run([str(CUOBJDUMP), "--dump-resource-usage", f.name], capture_output=True,
+        text = subprocess.run([str(_cuobjdump()), "--dump-resource-usage", f.name], capture_output=True,
                               text=True).stdout
     for line in text.splitlines():
         if "REG:" in line:

@@ -20,6 +20,7 @@ defined while ``TRITON_INTERPRET=1`` was set stay interpreted.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -76,16 +77,25 @@ def install_sm90_driver() -> Sm90Driver:
     """Make :class:`Sm90Driver` Triton's active driver, with the interpreter off.
 
     Removes ``TRITON_INTERPRET`` from the environment (Triton reads it when a ``@triton.jit``
-    function is defined and when it is launched), so call this before importing the modules
-    whose kernels are to be compiled. Returns the installed driver.
+    function is defined, its own standard library's included, and when one is launched), so
+    call this before anything imports Triton (torch alone does not) and before importing the
+    modules whose kernels are to be compiled. Returns the installed driver.
 
     Raises:
+        RuntimeError: Triton was imported with the interpreter on (its standard library's
+            kernels are interpreted: the NVIDIA back end would fail on them).
         ImportError: Triton or its NVIDIA back end is not installed.
     """
+    interpreted = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     os.environ.pop("TRITON_INTERPRET", None)
     import triton.backends.nvidia  # noqa: F401 - the back end that compiles for cuda:90
+    import triton.language.standard as standard
     from triton.runtime import driver
+    from triton.runtime.jit import JITFunction
 
+    if interpreted or not isinstance(standard.cdiv, JITFunction):
+        raise RuntimeError("Triton was imported with TRITON_INTERPRET=1: install the sm_90 driver before "
+                           "anything imports triton")
     drv = Sm90Driver()
     driver.set_active(drv)
     return drv
