@@ -3,7 +3,7 @@
 The CPU interpreter (``TRITON_INTERPRET=1``) accepts code the real compiler rejects
 (non-constexpr globals, ...) and computes some things differently (``x / y`` is IEEE there,
 ``div.full.f32`` on the GPU). This script runs each solution's host code with the interpreter
-OFF and a stand-in driver whose target is ``cuda:90``: every ``kernel[grid](...)`` launch is
+OFF and a stand-in driver whose target is ``cuda:90`` (``d2kbench.integrity.sm90_aot``): every ``kernel[grid](...)`` launch is
 compiled ahead of time (front end, TTGIR, LLVM, PTX and ``ptxas`` to a cubin, exactly what the
 H200 would compile) but nothing runs. Autotuned kernels compile every config that survives
 the kernel's pruning. The tensors are real (CPU) inputs from the task's ``make_inputs`` so the
@@ -33,7 +33,6 @@ Exit status 1 if anything was flagged as an error.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile
@@ -41,79 +40,31 @@ import time
 import traceback
 from pathlib import Path
 
-os.environ.pop("TRITON_INTERPRET", None)  # before triton is imported anywhere
-
-import torch  # noqa: E402
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.runtime import driver  # noqa: E402
-from triton.runtime.jit import JITFunction  # noqa: E402
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from d2kbench.checking.inputs import make_args  # noqa: E402
+from d2kbench.integrity.sm90_aot import install_sm90_driver, record_launches  # noqa: E402
 from d2kbench.tasks import load_task  # noqa: E402
 from d2kbench.tasks.loader import import_file, list_tasks  # noqa: E402
 
 H200_SMS = 132
 SMEM_LIMIT = 232448          # sm_90 max dynamic shared memory per block (opt-in)
 REGS_PER_SM = 65536
-CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
-
-class _Bench:
-    """Stand-in benchmarker: run the (compile-only) call once, report a dummy time."""
-
-    def __call__(self, fn, quantiles=None, **_):
-        fn()
-        return [1.0, 1.0, 1.0] if quantiles else 1.0
-
-
-class FakeDriver:
-    """Just enough of Triton's active driver for ahead-of-time compilation for sm_90."""
-
-    def get_current_target(self):
-        return GPUTarget("cuda", 90, 32)
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
-
-    def get_active_torch_device(self):
-        return torch.device("cpu")
-
-    def get_benchmarker(self):
-        return _Bench()
-
-    def get_device_interface(self):
-        return torch.cuda
-
-    def map_python_to_cpp_type(self, ty):
-        return ty
-
-
-#: One record per launch: dict(kernel, key, grid, kernel_obj | error)
+#: One record per launch since the last clear (``d2kbench.integrity.sm90_aot.record_launches``).
 LAUNCHES: list[dict] = []
-_orig_run = JITFunction.run
 
 
-def _patched_run(self, *args, grid, warmup, **kwargs):
-    rec = {"kernel": self.fn.__name__, "grid": None, "consts": {}}
-    named = dict(zip(self.arg_names, args)) | kwargs
-    rec["consts"] = {p.name: named.get(p.name) for p in self.params if p.is_constexpr}
-    rec["options"] = {k: kwargs.get(k) for k in ("num_warps", "num_stages") if k in kwargs}
-    try:
-        g = grid(named) if callable(grid) else grid
-        rec["grid"] = tuple(int(x) for x in g) if g is not None else None
-    except Exception as e:  # noqa: BLE001
-        rec["grid"] = f"grid error {e}"
-    try:
-        rec["compiled"] = _orig_run(self, *args, grid=grid, warmup=True, **kwargs)
-    except Exception as e:  # noqa: BLE001
-        rec["error"] = f"{type(e).__name__}: {e}"
-    LAUNCHES.append(rec)
-    return None
+def install() -> None:
+    """The stand-in sm_90 driver, the interpreter off, every launch compiled into ``LAUNCHES``
+    (call before anything imports triton)."""
+    install_sm90_driver()
+    record_launches(LAUNCHES)
+
+
+def _cuobjdump() -> Path:
+    import triton  # noqa: PLC0415 - after install(): imported with the interpreter off
+
+    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
 
 def _resources(kernel) -> dict:
@@ -122,7 +73,7 @@ def _resources(kernel) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
-        text = subprocess.run([str(CUOBJDUMP), "--dump-resource-usage", f.name], capture_output=True,
+        text = subprocess.run([str(_cuobjdump()), "--dump-resource-usage", f.name], capture_output=True,
                               text=True).stdout
     for line in text.splitlines():
         if "REG:" in line:
@@ -220,8 +171,7 @@ def main() -> int:
     ap.add_argument("-v", "--verbose", action="store_true")
     ap.add_argument("--div", action="store_true", help="note approximate fp32 divisions (div.full.f32)")
     a = ap.parse_args()
-    driver.set_active(FakeDriver())
-    JITFunction.run = _patched_run
+    install()
     tasks = a.tasks or list_tasks()
     total = 0
     for tid in tasks:

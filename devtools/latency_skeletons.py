@@ -307,12 +307,9 @@ def compile_only(ids_list: list[int], experts: int, chains: bool = False) -> int
     """Compile every skeleton for sm_90 without a GPU (devtools/compile_sm90.py's stand-in
     driver); returns the number of failed compiles."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import compile_sm90 as c  # noqa: PLC0415 - pops TRITON_INTERPRET, patches nothing yet
-    from triton.runtime import driver
-    from triton.runtime.jit import JITFunction
+    import compile_sm90 as c  # noqa: PLC0415 - changes nothing until install()
 
-    driver.set_active(c.FakeDriver())
-    JITFunction.run = c._patched_run
+    c.install()
     failed = 0
     groups = [(n, skeleton_calls(n, experts, "cpu", c.H200_SMS)) for n in ids_list]
     if chains:

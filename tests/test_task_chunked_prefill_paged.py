@@ -15,11 +15,13 @@ import sys
 import textwrap
 from pathlib import Path
 
+import packed_attention as packed
 import pytest
 import torch
 
-from d2kbench.checking.inputs import make_args
-from d2kbench.harness.calibrate import calibrate, verdicts
+import d2kbench
+from d2kbench.checking.checks import bit_pattern
+from d2kbench.checking.inputs import clone_args
 from d2kbench.harness.evaluate import Options, evaluate
 from d2kbench.harness.validate import validate_task
 from d2kbench.results import Status
@@ -37,21 +39,7 @@ def _task():
 
 
 def _args(w, seed=3):
-    task = _task()
-    return make_args(task.reference_module(), task.spec, task.spec.workload(w), seed, "cpu")
-
-
-def _clone(args):
-    return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-
-
-def _bits(x):
-    return x.contiguous().view(torch.int16 if x.element_size() == 2 else torch.int32)
-
-
-def _rel_rows(o, ref):
-    """Largest per-row relative error (rows: one token of one head)."""
-    return float(((o.double() - ref.double()).norm(dim=-1) / ref.double().norm(dim=-1)).max())
+    return packed.task_args(_task(), w, seed)
 
 
 def test_task_validates():
@@ -177,8 +165,7 @@ def test_work_list_holds_every_item_once_sorted_by_cost():
         ql = torch.where(torch.rand(N, generator=gen) < decode_share, torch.randint(1, SMALL_Q + 1, (N,), generator=gen),
                          torch.randint(SMALL_Q + 1, 120, (N,), generator=gen))
         ctx = torch.randint(0, 300, (N,), generator=gen)
-        cu = torch.zeros(N + 1, dtype=torch.int32)
-        cu[1:] = torch.cumsum(ql, 0)
+        cu = packed.cu_seqlens(ql)
         T = int(cu[-1])
         n_slots = -(-T // P) + N
         work = torch.full((5, n_slots), -7, dtype=torch.int32)
@@ -220,11 +207,7 @@ def test_solutions_pass_smoke_workloads(solution, workloads, shipped):
 
 
 def _variant(tmp_path, base: str, old: str, new: str):
-    src = (_task().root / "solutions" / f"{base}.py").read_text()
-    assert src.count(old) == 1, old
-    path = tmp_path / f"chunked_{base}_bug.py"
-    path.write_text(src.replace(old, new))
-    return path
+    return packed.solution_variant(_task(), base, old, new, tmp_path / f"chunked_{base}_bug.py")
 
 
 def test_dropped_cache_write_fails_through_the_harness(tmp_path):
@@ -267,13 +250,13 @@ BUGS = [
 
 
 def _broken(mod, args, ref_module) -> bool:
-    ref_args = _clone(args)
+    ref_args = clone_args(args)
     o_ref = ref_module.oracle(*ref_args)
     ref_module.run(*ref_args)                        # the expected caches
-    got = _clone(args)
+    got = clone_args(args)
     o = mod.run(*got)
-    bad_o = not torch.isfinite(o).all() or _rel_rows(o, o_ref) > 1e-3
-    bad_cache = any(not torch.equal(_bits(got[i]), _bits(ref_args[i])) for i in (KC, VC))
+    bad_o = not torch.isfinite(o).all() or packed.rel_rows(o, o_ref) > 1e-3
+    bad_cache = any(not torch.equal(bit_pattern(got[i]), bit_pattern(ref_args[i])) for i in (KC, VC))
     return bad_o or bad_cache
 
 
@@ -292,44 +275,33 @@ def test_alternatives_match_the_reference_on_cpu():
     ref = task.reference_module()
     for w in ("smoke_t44_n6_h4x2_d32_mixed",):
         args = _args(w, seed=9)
-        ref_args = _clone(args)
+        ref_args = clone_args(args)
         o_ref = ref.oracle(*ref_args)
         ref.run(*ref_args)
         for name in ("flash_varlen_gathered", "sdpa_gathered"):
             mod = import_file(task.root / "alternatives" / f"{name}.py", name=f"chunked_alt_{name}")
-            got = _clone(args)
+            got = clone_args(args)
             o = mod.run(*got)
             assert o.shape == args[0].shape and o.dtype == args[0].dtype and o.is_contiguous(), name
-            assert _rel_rows(o, o_ref) < 1e-3, (w, name, _rel_rows(o, o_ref))
+            assert packed.rel_rows(o, o_ref) < 1e-3, (w, name, packed.rel_rows(o, o_ref))
             for i in (KC, VC):
-                assert torch.equal(_bits(got[i]), _bits(ref_args[i])), (w, name, i)
+                assert torch.equal(bit_pattern(got[i]), bit_pattern(ref_args[i])), (w, name, i)
 
 
 def test_flashinfer_alternative_names_the_missing_package(monkeypatch):
-    mod = import_file(_task().root / "alternatives" / "flashinfer_paged.py", name="chunked_alt_flashinfer")
-    monkeypatch.setitem(sys.modules, "flashinfer", None)          # import flashinfer -> ImportError
-    with pytest.raises(RuntimeError, match="flashinfer"):
-        mod.run(*_args("smoke_t44_n6_h4x2_d32_mixed"))
+    packed.assert_names_missing_flashinfer(monkeypatch, _task().root / "alternatives" / "flashinfer_paged.py",
+                                    "chunked_alt_flashinfer", _args("smoke_t44_n6_h4x2_d32_mixed"))
 
 
 def test_tolerance_probes_separate_on_smoke_workloads():
-    task = _task()
-    res = calibrate(task, [task.spec.workload(w) for w in ("smoke_t44_n6_h4x2_d32_mixed", "smoke_t130_n8_h6x2_d16_bs8_edge")],
-                    "cpu", calls=1)
-    for probe, (expect, accepted, as_expected) in verdicts(res).items():
-        assert as_expected, (probe, expect, accepted, [(r.workload, r.errors) for r in res if r.probe == probe])
+    packed.assert_probes_separate(_task(), ["smoke_t44_n6_h4x2_d32_mixed", "smoke_t130_n8_h6x2_d16_bs8_edge"])
 
 
 def test_expert_tile_plan_for_the_h200():
     """The GPU tiles (interpreter off): 128 packed rows on 8 warps, 16-row decode items, 64-key
     tiles, a three-stage context pipeline at D = 128 for groups of 1, 4, 5 and 8; a group too
     large for the tiles is refused."""
-    saved = os.environ.pop("TRITON_INTERPRET", None)
-    try:
-        ex = _expert_module("chunked_prefill_expert_gpu_plan")
-    finally:
-        if saved is not None:
-            os.environ["TRITON_INTERPRET"] = saved
+    ex = packed.import_for_gpu(_task().root / "solutions" / "expert.py", "chunked_prefill_expert_gpu_plan")
     for g in (1, 4, 5, 8):
         cfg = ex.tile_config(128, g)
         assert (cfg["BLOCK_M"], cfg["SMALL_M"], cfg["BLOCK_N"], cfg["CTX_STAGES"], cfg["num_warps"]) == (128, 16, 64, 3, 8)
@@ -389,34 +361,22 @@ def _wgmma_refill_races(ttgir: str) -> list[str]:
 
 
 _SM90_TTGIR = textwrap.dedent('''
-    import os, sys
-    os.environ.pop("TRITON_INTERPRET", None)
-    import torch, triton
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime import driver
-    from triton.runtime.jit import JITFunction
-
-    class FakeDriver:  # just enough for ahead-of-time compilation for the H200 (sm_90)
-        def get_current_target(self): return GPUTarget("cuda", 90, 32)
-        def get_current_device(self): return 0
-        def get_current_stream(self, device=None): return 0
-        def get_active_torch_device(self): return torch.device("cpu")
-        def map_python_to_cpp_type(self, ty): return ty
-
-    driver.set_active(FakeDriver())
+    import sys
     sys.path.insert(0, sys.argv[1])
+    from d2kbench.integrity.sm90_aot import install_sm90_driver, record_launches
+    install_sm90_driver()  # before the expert's kernels are defined: the interpreter off, target cuda:90
+    launches = []
+    record_launches(launches)  # every launch compiles for sm_90 and runs nothing
     from d2kbench.checking.inputs import make_args
     from d2kbench.tasks import load_task
     from d2kbench.tasks.loader import import_file
-    run = JITFunction.run
-    def compile_only(self, *args, grid, warmup, **kwargs):
-        k = run(self, *args, grid=grid, warmup=True, **kwargs)
-        if self.fn.__name__ == "_extend_kernel":
-            open(sys.argv[3], "w").write(k.asm["ttgir"])
-    JITFunction.run = compile_only
     task = load_task("chunked_prefill_paged")
     ex = import_file(task.root / "solutions" / "expert.py", name="chunked_prefill_expert_sm90")
     ex.run(*make_args(task.reference_module(), task.spec, task.spec.workload(sys.argv[2]), 5, "cpu"))
+    errors = [r["error"] for r in launches if "error" in r]
+    assert not errors, errors
+    (extend,) = {id(r["compiled"]): r["compiled"] for r in launches if r["kernel"] == "_extend_kernel"}.values()
+    open(sys.argv[3], "w").write(extend.asm["ttgir"])
 ''')
 
 
@@ -443,9 +403,8 @@ def test_expert_sm90_pipeline_never_refills_a_tile_an_async_wgmma_reads(tmp_path
       }"""
     assert len(_wgmma_refill_races("    %c0_i32 = arith.constant 0 : i32\n" + bad)) == 1
     out = tmp_path / "extend.ttgir"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
-    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache")}  # the child turns the interpreter off
+    src = str(Path(d2kbench.__file__).resolve().parents[1])
     proc = subprocess.run([sys.executable, "-c", _SM90_TTGIR, src, "adv_edge_lengths_n40", str(out)],
                           capture_output=True, text=True, env=env, timeout=300)
     assert out.exists(), proc.stderr[-3000:]

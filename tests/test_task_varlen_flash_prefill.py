@@ -7,14 +7,10 @@ and LSE conversions match the reference on the CPU; the tolerance probes separat
 
 from __future__ import annotations
 
-import os
-import sys
-
+import packed_attention as packed
 import pytest
 import torch
 
-from d2kbench.checking.inputs import make_args
-from d2kbench.harness.calibrate import calibrate, verdicts
 from d2kbench.harness.evaluate import Options, evaluate
 from d2kbench.harness.validate import validate_task
 from d2kbench.results import Status
@@ -30,19 +26,13 @@ def _task():
 
 
 def _args(w, seed=3):
-    task = _task()
-    return make_args(task.reference_module(), task.spec, task.spec.workload(w), seed, "cpu")
+    return packed.task_args(_task(), w, seed)
 
 
 def _evaluate(solution, workloads):
     task = _task()
     return evaluate(task, solution, [task.spec.workload(w) for w in workloads], device="cpu", baseline=None,
                     options=Options(cpu_samples=1))
-
-
-def _rel_rows(o, ref):
-    """Largest per-row relative error (rows: one token of one head)."""
-    return float(((o.double() - ref.double()).norm(dim=-1) / ref.double().norm(dim=-1)).max())
 
 
 def test_task_validates():
@@ -117,8 +107,7 @@ def test_schedule_lists_every_tile_once_longest_first():
     ex = _expert_module()
     gen = torch.Generator().manual_seed(0)
     lens = torch.randint(1, 200, (150,), generator=gen)
-    cu = torch.zeros(151, dtype=torch.int32)
-    cu[1:] = torch.cumsum(lens, 0)
+    cu = packed.cu_seqlens(lens)
     P = 16
     n = (lens + P - 1) // P
     n_slots = -(-int(cu[-1]) // P) + 150
@@ -143,11 +132,7 @@ def test_solutions_pass_smoke_workloads(solution, workloads, shipped):
 
 
 def _variant(tmp_path, base: str, old: str, new: str):
-    src = (_task().root / "solutions" / f"{base}.py").read_text()
-    assert src.count(old) == 1, old
-    path = tmp_path / f"varlen_{base}_bug.py"
-    path.write_text(src.replace(old, new))
-    return path
+    return packed.solution_variant(_task(), base, old, new, tmp_path / f"varlen_{base}_bug.py")
 
 
 def test_causal_off_by_one_fails_through_the_harness(tmp_path):
@@ -178,7 +163,7 @@ def test_classic_bugs_break_the_map(tmp_path, base, old, new):
     args = _args("smoke_t126_n6_h2x1_d16_ladder", seed=5)
     o_ref, lse_ref = task.reference_module().oracle(*args)
     o, lse = mod.run(*args)
-    bad_o = not torch.isfinite(o).all() or _rel_rows(o, o_ref) > 1e-3
+    bad_o = not torch.isfinite(o).all() or packed.rel_rows(o, o_ref) > 1e-3
     bad_lse = not torch.isfinite(lse).all() or float((lse.double() - lse_ref).abs().max()) > 1e-3
     assert bad_o or bad_lse
 
@@ -196,34 +181,23 @@ def test_alternatives_match_the_reference_on_cpu():
             o, lse = mod.run(*args)
             assert o.shape == args[0].shape and lse.shape == (args[0].shape[1], args[0].shape[0]), name
             assert o.is_contiguous() and lse.is_contiguous() and lse.dtype == torch.float32, name
-            assert _rel_rows(o, o_ref) < 1e-3, (w, name)
+            assert packed.rel_rows(o, o_ref) < 1e-3, (w, name)
             assert float((lse.double() - lse_ref).abs().max()) < 1e-4 + 1e-4 * float(lse_ref.abs().max()), (w, name)
 
 
 def test_flashinfer_alternative_names_the_missing_package(monkeypatch):
-    mod = import_file(_task().root / "alternatives" / "flashinfer_ragged.py", name="varlen_alt_flashinfer")
-    monkeypatch.setitem(sys.modules, "flashinfer", None)          # import flashinfer -> ImportError
-    with pytest.raises(RuntimeError, match="flashinfer"):
-        mod.run(*_args("smoke_t150_n5_h4x2_d32_random"))
+    packed.assert_names_missing_flashinfer(monkeypatch, _task().root / "alternatives" / "flashinfer_ragged.py",
+                                    "varlen_alt_flashinfer", _args("smoke_t150_n5_h4x2_d32_random"))
 
 
 def test_tolerance_probes_separate_on_smoke_workloads():
-    task = _task()
-    res = calibrate(task, [task.spec.workload(w) for w in ("smoke_t150_n5_h4x2_d32_random", "smoke_t126_n6_h2x1_d16_ladder")],
-                    "cpu", calls=1)
-    for probe, (expect, accepted, as_expected) in verdicts(res).items():
-        assert as_expected, (probe, expect, accepted, [(r.workload, r.errors) for r in res if r.probe == probe])
+    packed.assert_probes_separate(_task(), ["smoke_t150_n5_h4x2_d32_random", "smoke_t126_n6_h2x1_d16_ladder"])
 
 
 def test_expert_tile_plan_for_the_h200():
     """The GPU tile (interpreter off): 128 rows / 8 warps at D = 128 for groups of 4, 5 and 8;
     a group larger than the tile is refused."""
-    saved = os.environ.pop("TRITON_INTERPRET", None)
-    try:
-        ex = import_file(_task().root / "solutions" / "expert.py", name="varlen_expert_gpu_plan")
-    finally:
-        if saved is not None:
-            os.environ["TRITON_INTERPRET"] = saved
+    ex = packed.import_for_gpu(_task().root / "solutions" / "expert.py", "varlen_expert_gpu_plan")
     for g in (4, 5, 8):
         cfg = ex.tile_config(128, g)
         assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_warps"]) == (128, 64, 8)

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+import d2kbench
 from d2kbench.cli import app
 from d2kbench.harness.evil import EVIL_DIR
 from d2kbench.integrity.triton_lint import check_files, check_module
@@ -200,25 +201,19 @@ def test_lint_reviews_every_file_and_reports_the_unreviewable_ones(tmp_path):
     assert res.exit_code == 1 and "syntax_error" in res.output and "ok" not in res.output.split()
 
 
+#: The folder that holds the d2kbench package under test (the child process imports it from there).
+SRC = str(Path(d2kbench.__file__).resolve().parents[1])
+
 _COMPILE = textwrap.dedent('''
-    import json, os, sys
-    os.environ.pop("TRITON_INTERPRET", None)
-    import torch, triton
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime import driver
-
-    class FakeDriver:  # just enough for ahead-of-time compilation for the H200 (sm_90)
-        def get_current_target(self): return GPUTarget("cuda", 90, 32)
-        def get_current_device(self): return 0
-        def get_current_stream(self, device=None): return 0
-        def get_active_torch_device(self): return torch.device("cpu")
-        def map_python_to_cpp_type(self, ty): return ty
-
-    driver.set_active(FakeDriver())
+    import json, sys
     sys.path.insert(0, sys.argv[1])
-    mod = __import__(sys.argv[2])
+    from d2kbench.integrity.sm90_aot import install_sm90_driver
+    install_sm90_driver()  # before the kernels are defined: the interpreter off, target cuda:90
+    import torch, triton
+    sys.path.insert(0, sys.argv[2])
+    mod = __import__(sys.argv[3])
     out, x = {}, torch.empty(64)
-    for name in sys.argv[3:]:
+    for name in sys.argv[4:]:
         k = getattr(mod, name)
         k = getattr(k, "fn", k) if not isinstance(k, triton.runtime.jit.JITFunction) else k
         try:
@@ -234,12 +229,11 @@ def test_lint_agrees_with_sm90_compiler(tmp_path):
     pytest.importorskip("triton.backends.nvidia")
     (tmp_path / "bad_kernels.py").write_text(BAD)
     (tmp_path / "good_kernels.py").write_text(GOOD)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache")}  # the child turns the interpreter off
     verdicts = {}
     for mod, names in (("bad_kernels", list(EXPECTED_BAD)), ("good_kernels", ["k_ok", "k_shadow"])):
-        proc = subprocess.run([sys.executable, "-c", _COMPILE, str(tmp_path), mod, *names], capture_output=True,
-                              text=True, env=env, timeout=300)
+        proc = subprocess.run([sys.executable, "-c", _COMPILE, SRC, str(tmp_path), mod, *names],
+                              capture_output=True, text=True, env=env, timeout=300)
         line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
         assert line, proc.stderr[-2000:]
         verdicts.update(json.loads(line[-1][len("RESULT "):]))
