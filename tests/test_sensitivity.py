@@ -188,3 +188,40 @@ def test_without_a_value_range_the_perturbation_leaves_the_contract():
         outside += int(float(new[1].min()) <= 0 or float(new[3].max()) > 1 or float(new[4].max()) >= 1
                        or float(new[3].min()) <= 0 or float(new[4].min()) < 0)
     assert outside >= 40
+
+
+def _topk_setup(seed: int):
+    task = load_task("topk_topp_sampling")
+    ref = task.reference_module()
+    wl = task.spec.smoke_workloads[0]
+    pristine = make_args(ref, task.spec, wl, seed, "cpu")
+    outputs = [ref.run(*[a.clone() if isinstance(a, torch.Tensor) else a for a in pristine])]
+    return ref, Checker(task, ref, wl), pristine, outputs
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_custom_checked_output_is_judged_stale(seed):
+    """topk_topp_sampling's ids are checked only by the task's property check (a sample, not a
+    value): the call changes the inputs until the previous ids fail that check, so a sampler that
+    answers from a memo of earlier calls is stale, and an honest sampler passes."""
+    ref, checker, pristine, outputs = _topk_setup(seed)
+    stale = outputs[0].clone()
+    results, violations = parent.sensitivity_check(lambda args: {**_reply(stale.clone()), "container": "Tensor"},
+                                                   checker, pristine, outputs)
+    assert [v.rule for v in violations] == ["stale_output"], [r.detail for r in results if r.name == "sensitivity"]
+    honest_results, honest_violations = parent.sensitivity_check(
+        lambda args: _reply(ref.run(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])),
+        checker, pristine, outputs)
+    assert honest_violations == [] and all(r.passed for r in honest_results), \
+        [r for r in honest_results if not r.passed]
+    assert "moved beyond" in [r for r in honest_results if r.name == "sensitivity"][0].detail
+
+
+def test_without_a_task_check_a_custom_output_never_counts_as_moved():
+    ref, checker, pristine, outputs = _topk_setup(1)
+
+    class NoCheck:
+        pass
+
+    assert parent._custom_rejects(NoCheck(), pristine, outputs, "ids") is False
+    assert parent._custom_rejects(ref, pristine, outputs, "ids") is False  # its own outputs pass

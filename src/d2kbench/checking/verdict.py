@@ -80,10 +80,8 @@ def check_reply(call: int, spec, wl: Workload, reference, args: list, expected: 
             if sample is not None:
                 out = out.index_select(shape.index(sample[0]), sample[1].to(out.device))
         custom = None
-        if tol.metric == "custom":
-            fn = getattr(reference, "check", None)
-            named = fn is not None and "output" in inspect.signature(fn).parameters  # per-output property checks
-            custom = (lambda: fn(expected.pristine, outs, **({"output": name} if named else {}))) if fn else None
+        if tol.metric == "custom" and getattr(reference, "check", None) is not None:
+            custom = lambda: custom_check(reference, expected.pristine, outs, name)  # noqa: E731
         return checks.compare(call, name, tol, out, exp, shape.index, custom, before)
 
     for k, (ospec, out) in enumerate(zip(spec.outputs, outs)):
@@ -121,6 +119,22 @@ def status_of(checks_: list[CheckResult], violations: list[Violation]) -> tuple[
         c = failed[0]
         return Status.INCORRECT, f"call {c.call}: {first_failure([c])}"
     return Status.OK, ""
+
+
+def custom_check(reference, inputs: list, outputs: list, name: str) -> tuple[bool, float | None, str]:
+    """The task's custom check of output ``name``: ``reference.check(inputs, outputs)`` on the
+    pristine ``inputs`` and every output of the call (a property check of a sample, a set or an
+    order), with ``output=name`` when the check takes it (per-output property checks).
+
+    Returns:
+        ``(passed, error or None, detail)`` as the task's check returns it.
+
+    Raises:
+        AttributeError: the reference defines no ``check``.
+    """
+    fn = reference.check
+    named = "output" in inspect.signature(fn).parameters
+    return fn(inputs, outputs, **({"output": name} if named else {}))
 
 
 class Checker:

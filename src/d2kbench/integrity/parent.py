@@ -26,7 +26,7 @@ import torch
 from d2kbench.checking import checks
 from d2kbench.checking.expected import Expected
 from d2kbench.checking.inputs import clone_args, make_args
-from d2kbench.checking.verdict import Checker, WorkerFailure, first_failure
+from d2kbench.checking.verdict import Checker, WorkerFailure, custom_check, first_failure
 from d2kbench.integrity.ops import finite_abs_max
 from d2kbench.integrity.static import static_violations  # noqa: F401 - re-exported
 from d2kbench.results import CheckResult, TimingStats, Violation
@@ -150,13 +150,15 @@ def redraw(args: list, spec_args: list, rng: secrets.SystemRandom, run: int) -> 
                           float(flat[j].float()))
 
 
-def _moved_outputs(checker, ref_o: list, ref_p: list) -> list[int]:
+def _moved_outputs(checker, ref_o: list, ref_p: list, p_args: list) -> list[int]:
     """The outputs whose reference values before the change (``ref_o``) fail a tolerance of the
     workload (reference or oracle, on the whole tensor), widened ``SENSITIVITY_STRENGTH`` times,
     against those after it (``ref_p``), and the other way round: the previous value of such an
     output, even with noise a correctness call lets pass, fails the sensitivity call's checks
-    (whichever of the two norms is larger bounds the noise). Outputs checked only by a task's
-    custom check never count."""
+    (whichever of the two norms is larger bounds the noise). An output checked by the task's
+    custom check (a property check of a sample, a set, an order) moves when the reference's
+    previous outputs fail that check on the changed inputs ``p_args``: an answer left unchanged
+    would then fail it too."""
     spec = checker.spec
     moved = []
     for k, ospec in enumerate(spec.outputs):
@@ -164,6 +166,9 @@ def _moved_outputs(checker, ref_o: list, ref_p: list) -> list[int]:
             continue
         for tol in checker.wl.checks_for(ospec.name, ospec.checks):
             if tol.metric == "custom":
+                if _custom_rejects(checker.ref, p_args, ref_o, ospec.name):
+                    moved.append(k)
+                    break
                 continue
             wide = tol.widened(SENSITIVITY_STRENGTH)
             # both ways: relative errors are taken against the expected value, so a change that
@@ -173,6 +178,14 @@ def _moved_outputs(checker, ref_o: list, ref_p: list) -> list[int]:
                 moved.append(k)
                 break
     return moved
+
+
+def _custom_rejects(reference, inputs: list, outputs: list, name: str) -> bool:
+    """Whether the task's custom check (:func:`d2kbench.checking.verdict.custom_check`) rejects
+    ``outputs`` on ``inputs``; False without such a check."""
+    if getattr(reference, "check", None) is None:
+        return False
+    return not custom_check(reference, inputs, outputs, name)[0]
 
 
 def sensitivity_check(request: Callable[[list], dict], checker, pristine: list, outputs: list
@@ -203,7 +216,7 @@ def sensitivity_check(request: Callable[[list], dict], checker, pristine: list, 
         ref_p, _ = checker.expected(p_args)
         finite = all(not isinstance(r, torch.Tensor) or not r.is_floating_point() or bool(checks.isfinite(r).all())
                      for r in ref_p)
-        moved = _moved_outputs(checker, ref_o, ref_p) if finite else []
+        moved = _moved_outputs(checker, ref_o, ref_p, p_args) if finite else []
         if moved:
             chosen = (p_args, desc, ref_p, moved)
             break
