@@ -345,7 +345,8 @@ def _plan(M: int, N: int, K: int, G: int, sms: int) -> dict:
     if _FORCE is not None:
         return dict(_FORCE)
     if M > 64 and triton.cdiv(M, 256) * triton.cdiv(N, 128) >= sms:
-        return dict(kind="gemm", BM=256, BN=128, BK=64, S=1, warps=8, stages=3, GROUP_M=8)
+        bm = 64 if _INTERPRET else 256          # same code, a tile the CPU interpreter runs quickly
+        return dict(kind="gemm", BM=bm, BN=128, BK=64, S=1, warps=8, stages=3, GROUP_M=8)
     bm = max(16, min(64, triton.next_power_of_2(M)))
     bp, bk = 32, 64
     strips = triton.cdiv(N // 8, bp) * triton.cdiv(M, bm)
