@@ -235,7 +235,7 @@ def test_w8a8_scale_bugs_fail(tmp_path, old, new):
 
 @pytest.mark.parametrize("old,new", [
     # natural nibble order for one column pair: column 2 read from bits 16..19 (column 1's field)
-    ("w1 = _field_w16(words, zw, s_row, 4, 2)", "w1 = _field_w16(words, zw, s_row, 16, 2)"),
+    ("w1 = _field_w16(words, zw, s_row, p_ok, 4, 2)", "w1 = _field_w16(words, zw, s_row, p_ok, 16, 2)"),
     # zero point ignored (only the 1024 offset removed)
     ("return (_f16_1024_plus(words, SH) - _f16_1024_plus(zw, SH)[None, :]) * s[None, :]",
      "return (_f16_1024_plus(words, SH) - 1024.0) * s[None, :]"),

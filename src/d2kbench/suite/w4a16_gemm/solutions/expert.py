@@ -90,23 +90,23 @@ def _f32_code(words, SH: tl.constexpr):
 
 
 @triton.jit
-def _field_w16(words, zw, s_row, SH: tl.constexpr, COL: tl.constexpr):
+def _field_w16(words, zw, s_row, p_ok, SH: tl.constexpr, COL: tl.constexpr):
     """fp16 weights of field SH // 4 (column COL of each word): fp16((q - z) * s), bit-exact.
     ``words [BK, BP]``, ``zw [BP]`` packed zero points, ``s_row`` pointers to the scales of
     column 0 of each word."""
-    s = tl.load(s_row + COL)
+    s = tl.load(s_row + COL, mask=p_ok, other=0.0)
     return (_f16_1024_plus(words, SH) - _f16_1024_plus(zw, SH)[None, :]) * s[None, :]
 
 
 @triton.jit
-def _pair_w16_asm(words, zw, s32_row, J: tl.constexpr):
+def _pair_w16_asm(words, zw, s32_row, p_ok, J: tl.constexpr):
     """Columns 2J and 2J + 1 of every word (fields J and 4 + J, bits 4J and 16 + 4J) as fp16
     (q - z) * s with paired fp16 instructions: one LOP3 puts both fields under 0x6400 (two
     fp16 values 1024 + q in one register), one f16x2 subtraction of the packed 1024 + z, one
     f16x2 multiply by the two adjacent scales (``s32_row``: the scales read as int32 pairs).
     GPU only (inline PTX)."""
     zz = ((zw >> (4 * J)) & 0x000F000F) | 0x64006400
-    ss = tl.load(s32_row + J)
+    ss = tl.load(s32_row + J, mask=p_ok, other=0)
     lo, hi = tl.inline_asm_elementwise(
         asm="{.reg .b32 t; lop3.b32 t, $2, 0x000F000F, 0x64006400, 0xEA; sub.rn.f16x2 t, t, $3; "
             "mul.rn.f16x2 t, t, $4; mov.b32 {$0, $1}, t;}",
@@ -118,8 +118,8 @@ def _pair_w16_asm(words, zw, s32_row, J: tl.constexpr):
 
 # ---- M = 1: FMA GEMV over the 8 fields --------------------------------------------------------
 @triton.jit
-def _gemv_field(acc, xb, words, zw, s_row, SH: tl.constexpr, COL: tl.constexpr):
-    s = tl.load(s_row + COL).to(tl.float32)
+def _gemv_field(acc, xb, words, zw, s_row, p_ok, SH: tl.constexpr, COL: tl.constexpr):
+    s = tl.load(s_row + COL, mask=p_ok, other=0.0).to(tl.float32)
     zs = _f32_code(zw, SH) * s
     return acc + xb * (_f32_code(words, SH) * s[None, :] - zs[None, :])
 
@@ -160,14 +160,14 @@ def _awq_gemv(x_ptr, qw_ptr, qz_ptr, s_ptr, ws_ptr, M, N, K, stride_xm, stride_q
         xb = tl.load(x_row + k + offs_k).to(tl.float32)[:, None]
         zw = tl.load(qz_ptr + g * stride_zg + offs_p, mask=p_ok, other=0)
         s_row = s_ptr + g * stride_sg + offs_p * 8
-        a0 = _gemv_field(a0, xb, words, zw, s_row, 0, 0)        # field i holds column AWQ_ORDER[i]
-        a1 = _gemv_field(a1, xb, words, zw, s_row, 4, 2)
-        a2 = _gemv_field(a2, xb, words, zw, s_row, 8, 4)
-        a3 = _gemv_field(a3, xb, words, zw, s_row, 12, 6)
-        a4 = _gemv_field(a4, xb, words, zw, s_row, 16, 1)
-        a5 = _gemv_field(a5, xb, words, zw, s_row, 20, 3)
-        a6 = _gemv_field(a6, xb, words, zw, s_row, 24, 5)
-        a7 = _gemv_field(a7, xb, words, zw, s_row, 28, 7)
+        a0 = _gemv_field(a0, xb, words, zw, s_row, p_ok, 0, 0)        # field i holds column AWQ_ORDER[i]
+        a1 = _gemv_field(a1, xb, words, zw, s_row, p_ok, 4, 2)
+        a2 = _gemv_field(a2, xb, words, zw, s_row, p_ok, 8, 4)
+        a3 = _gemv_field(a3, xb, words, zw, s_row, p_ok, 12, 6)
+        a4 = _gemv_field(a4, xb, words, zw, s_row, p_ok, 16, 1)
+        a5 = _gemv_field(a5, xb, words, zw, s_row, p_ok, 20, 3)
+        a6 = _gemv_field(a6, xb, words, zw, s_row, p_ok, 24, 5)
+        a7 = _gemv_field(a7, xb, words, zw, s_row, p_ok, 28, 7)
     out = ws_ptr + (pid_k * M + m).to(tl.int64) * N
     _store_field(out, a0, offs_p, p_ok, 0)
     _store_field(out, a1, offs_p, p_ok, 2)
@@ -223,20 +223,20 @@ def _awq_fields_mma(x_ptr, qw_ptr, qz_ptr, s_ptr, out_ptr, M, N, K, stride_xm, s
         zw = tl.load(qz_ptr + g * stride_zg + offs_p, mask=p_ok, other=0)
         if ASM:
             s32_row = s_ptr + g * stride_sg + offs_p * 4
-            w0, w4 = _pair_w16_asm(words, zw, s32_row, 0)
-            w1, w5 = _pair_w16_asm(words, zw, s32_row, 1)
-            w2, w6 = _pair_w16_asm(words, zw, s32_row, 2)
-            w3, w7 = _pair_w16_asm(words, zw, s32_row, 3)
+            w0, w4 = _pair_w16_asm(words, zw, s32_row, p_ok, 0)
+            w1, w5 = _pair_w16_asm(words, zw, s32_row, p_ok, 1)
+            w2, w6 = _pair_w16_asm(words, zw, s32_row, p_ok, 2)
+            w3, w7 = _pair_w16_asm(words, zw, s32_row, p_ok, 3)
         else:
             s_row = s_ptr + g * stride_sg + offs_p * 8
-            w0 = _field_w16(words, zw, s_row, 0, 0)        # field i holds column AWQ_ORDER[i]
-            w1 = _field_w16(words, zw, s_row, 4, 2)
-            w2 = _field_w16(words, zw, s_row, 8, 4)
-            w3 = _field_w16(words, zw, s_row, 12, 6)
-            w4 = _field_w16(words, zw, s_row, 16, 1)
-            w5 = _field_w16(words, zw, s_row, 20, 3)
-            w6 = _field_w16(words, zw, s_row, 24, 5)
-            w7 = _field_w16(words, zw, s_row, 28, 7)
+            w0 = _field_w16(words, zw, s_row, p_ok, 0, 0)        # field i holds column AWQ_ORDER[i]
+            w1 = _field_w16(words, zw, s_row, p_ok, 4, 2)
+            w2 = _field_w16(words, zw, s_row, p_ok, 8, 4)
+            w3 = _field_w16(words, zw, s_row, p_ok, 12, 6)
+            w4 = _field_w16(words, zw, s_row, p_ok, 16, 1)
+            w5 = _field_w16(words, zw, s_row, p_ok, 20, 3)
+            w6 = _field_w16(words, zw, s_row, p_ok, 24, 5)
+            w7 = _field_w16(words, zw, s_row, p_ok, 28, 7)
         a0 = tl.dot(x, w0, a0)
         a1 = tl.dot(x, w1, a1)
         a2 = tl.dot(x, w2, a2)
@@ -300,20 +300,20 @@ def _awq_gemm(x_ptr, qw_ptr, qz_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_
         zw = tl.load(qz_ptr + g * stride_zg + offs_p, mask=p_ok, other=0)
         if ASM:
             s32_row = s_ptr + g * stride_sg + offs_p * 4
-            c0, c1 = _pair_w16_asm(words, zw, s32_row, 0)
-            c2, c3 = _pair_w16_asm(words, zw, s32_row, 1)
-            c4, c5 = _pair_w16_asm(words, zw, s32_row, 2)
-            c6, c7 = _pair_w16_asm(words, zw, s32_row, 3)
+            c0, c1 = _pair_w16_asm(words, zw, s32_row, p_ok, 0)
+            c2, c3 = _pair_w16_asm(words, zw, s32_row, p_ok, 1)
+            c4, c5 = _pair_w16_asm(words, zw, s32_row, p_ok, 2)
+            c6, c7 = _pair_w16_asm(words, zw, s32_row, p_ok, 3)
         else:
             s_row = s_ptr + g * stride_sg + offs_p * 8
-            c0 = _field_w16(words, zw, s_row, 0, 0)
-            c1 = _field_w16(words, zw, s_row, 16, 1)
-            c2 = _field_w16(words, zw, s_row, 4, 2)
-            c3 = _field_w16(words, zw, s_row, 20, 3)
-            c4 = _field_w16(words, zw, s_row, 8, 4)
-            c5 = _field_w16(words, zw, s_row, 24, 5)
-            c6 = _field_w16(words, zw, s_row, 12, 6)
-            c7 = _field_w16(words, zw, s_row, 28, 7)
+            c0 = _field_w16(words, zw, s_row, p_ok, 0, 0)
+            c1 = _field_w16(words, zw, s_row, p_ok, 16, 1)
+            c2 = _field_w16(words, zw, s_row, p_ok, 4, 2)
+            c3 = _field_w16(words, zw, s_row, p_ok, 20, 3)
+            c4 = _field_w16(words, zw, s_row, p_ok, 8, 4)
+            c5 = _field_w16(words, zw, s_row, p_ok, 24, 5)
+            c6 = _field_w16(words, zw, s_row, p_ok, 12, 6)
+            c7 = _field_w16(words, zw, s_row, p_ok, 28, 7)
         # [BK, BP, a, b, d] with column 4a + 2b + d: the first join makes the slowest axis
         t = tl.join(tl.join(tl.join(c0, c4), tl.join(c2, c6)), tl.join(tl.join(c1, c5), tl.join(c3, c7)))
         w = tl.reshape(t, (BK, BN))
