@@ -234,9 +234,11 @@ def test_w8a8_scale_bugs_fail(tmp_path, old, new):
 
 
 @pytest.mark.parametrize("old,new", [
-    ("shifts = ((c8 % 2) * 4 + c8 // 2) * 4", "shifts = c8 * 4"),                 # natural nibble order
-    ("w = (_fp16_1024_plus(_expand8(words), shifts[None, :]) - z1024) * s[None, :]",
-     "w = (_fp16_1024_plus(_expand8(words), shifts[None, :]) - 1024.0) * s[None, :]"),  # zero point ignored
+    # natural nibble order for one column pair: column 2 read from bits 16..19 (column 1's field)
+    ("w1 = _field_w16(words, zw, s_row, p_ok, 4, 2)", "w1 = _field_w16(words, zw, s_row, p_ok, 16, 2)"),
+    # zero point ignored (only the 1024 offset removed)
+    ("return (_f16_1024_plus(words, SH) - _f16_1024_plus(zw, SH)[None, :]) * s[None, :]",
+     "return (_f16_1024_plus(words, SH) - 1024.0) * s[None, :]"),
 ])
 def test_w4a16_unpacking_bugs_fail(tmp_path, old, new):
     bug = _variant("w4a16_gemm", tmp_path, old, new, base="expert")
