@@ -63,7 +63,9 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 #: A plan that replaces the shape-derived one (set by tuning scripts only; None when shipped).
 _FORCE: dict | None = None
 #: Unpack with paired-fp16 inline PTX on the GPU (the interpreter always takes the Triton-op path).
-_ASM = False
+#: On: on the H200 it took decode M=1 from 43% to 53% of SOL, M=16 from 33% to 38%, prefill
+#: from 34% to 46% (results/h200/tuning/w4a16_sweep.md, every candidate checked on the GPU).
+_ASM = True
 
 
 def _num_sms(device: torch.device) -> int:
