@@ -19,8 +19,8 @@ import sys  # noqa: E402
 import types  # noqa: E402
 
 import pytest  # noqa: E402
-from shipped import param
 import torch  # noqa: E402
+from shipped import param  # noqa: E402
 
 from d2kbench.checking.inputs import make_args  # noqa: E402
 from d2kbench.harness.calibrate import calibrate, verdicts  # noqa: E402
