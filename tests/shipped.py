@@ -128,11 +128,13 @@ def _try_lock(f) -> bool:
 
 
 def needed(items) -> list[tuple[str, str]]:
-    """The shared evaluations that the selected test items ask for, as far as their parameters
-    say (``item``: a ``(task, solution)`` pair, as the false-positive tests take it), in the
-    items' order."""
+    """The shared evaluations that the selected test items using the ``shipped`` fixture ask for,
+    as far as their parameters say (``item``: a ``(task, solution)`` pair, as the false-positive
+    tests take it), in the items' order."""
     pairs = []
     for it in items:
+        if "shipped" not in getattr(it, "fixturenames", ()):
+            continue  # e.g. the GPU variants, which take the same pairs but evaluate on their own
         p = getattr(getattr(it, "callspec", None), "params", {}).get("item")
         if isinstance(p, tuple) and p in _KNOWN and p not in pairs:
             pairs.append(p)
