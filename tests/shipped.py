@@ -198,7 +198,6 @@ class ShippedEvaluations:
         self._memo: dict[tuple[str, str], Evaluation] = {}
         self.evaluated: list[tuple[str, str, float]] = []
         self.waited_s = 0.0
-        self._helped_s = 0.0
         #: Evaluations this session's selected tests will ask for (:func:`needed`), done while
         #: waiting for another worker's evaluation.
         self.backlog: list[tuple[str, str]] = []
@@ -220,12 +219,14 @@ class ShippedEvaluations:
         out, err = self._files(task_id, solution)
         t0 = time.perf_counter()
         with open(self.root / f"{task_id}.{solution}.lock", "w") as lock:
+            helped = 0.0
             while not _try_lock(lock):   # another worker evaluates it: do a pending one meanwhile
-                if not self._evaluate_pending():
+                spent = self._evaluate_pending()
+                if spent is None:
                     fcntl.flock(lock, fcntl.LOCK_EX)   # nothing else to do: wait for its answer
                     break
-            self.waited_s += time.perf_counter() - t0 - self._helped_s
-            self._helped_s = 0.0
+                helped += spent
+            self.waited_s += time.perf_counter() - t0 - helped
             self._evaluate_into(task_id, solution)
         if err.exists():
             raise RuntimeError(f"the harness raised evaluating {task_id}/{solution}: {err.read_text()}")
@@ -252,9 +253,9 @@ class ShippedEvaluations:
             os.replace(tmp, out)
         self.evaluated.append((task_id, solution, time.perf_counter() - t1))
 
-    def _evaluate_pending(self) -> bool:
-        """Evaluate one evaluation of :attr:`backlog` that no process holds or has finished;
-        False when there is none."""
+    def _evaluate_pending(self) -> float | None:
+        """Evaluate one evaluation of :attr:`backlog` that no process holds or has finished and
+        return its seconds; None when there is none."""
         while self.backlog:
             task_id, solution = self.backlog.pop(0)
             out, err = self._files(task_id, solution)
@@ -265,9 +266,8 @@ class ShippedEvaluations:
                     continue  # another process has it
                 t = time.perf_counter()
                 self._evaluate_into(task_id, solution)
-                self._helped_s += time.perf_counter() - t
-                return True
-        return False
+                return time.perf_counter() - t
+        return None
 
     def write_stats(self, worker: str) -> None:
         """``stats-<worker>.json`` in the shared folder: this process's evaluations (task,
