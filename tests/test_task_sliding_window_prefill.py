@@ -201,6 +201,19 @@ def test_alternatives_match_the_reference_on_cpu():
             _alt(name).run(*capped)
 
 
+def test_band_mask_rows_are_aligned_for_the_efficient_kernel():
+    """The memory-efficient kernel on the GPU rejects an ``attn_bias`` whose row stride is not a
+    multiple of 8 elements (seen on the H200 at S=777); the cached mask keeps S x S values in
+    rows padded to that stride."""
+    alt = _alt("sdpa_band_mask")
+    for S, W in ((777, 128), (70, 16), (64, 8)):
+        m = alt._mask(S, W, torch.float16, "cpu")
+        assert m.shape == (S, S) and m.stride() == (-(-S // 8) * 8, 1), S
+        i = torch.arange(S)[:, None]
+        j = torch.arange(S)[None, :]
+        assert torch.equal(m == 0, (j <= i) & (j > i - W)), S
+
+
 def test_flex_alternative_caps_and_masks_on_cpu():
     """flex_attention (uncompiled on CPU: slow, one workload) with the soft-cap score_mod, GQA and
     the causal block mask of a window longer than the sequence."""

@@ -4,7 +4,9 @@ scale=scale)`` (the ATen op behind ``F.scaled_dot_product_attention`` with an ``
 returning the LSE).
 
 * The mask is a ``[S, S]`` tensor in q's dtype, 0 inside the band and -inf outside, broadcast
-  over batch and heads. It depends on ``(S, W)`` only and is kept per shape; the kernel still
+  over batch and heads. Its rows are stored with a stride rounded up to a multiple of 8 elements
+  (a ``[S, S8]`` allocation cut to ``[S, S]``), the alignment the memory-efficient kernel requires
+  of ``attn_bias`` (``F.scaled_dot_product_attention`` pads the same way). It depends on ``(S, W)`` only and is kept per shape; the kernel still
   visits every key tile (the mask is data to it): the work of full non-causal attention.
 * GQA: the memory-efficient kernel takes equal head counts, so K and V are expanded to ``Hq``
   heads (``repeat_interleave``: head ``h`` gets KV head ``h // G``), inside the timed call.
@@ -30,7 +32,8 @@ def _mask(S: int, W: int, dtype, device) -> torch.Tensor:
     if key not in _MASKS:
         i = torch.arange(S, device=device)[:, None]
         j = torch.arange(S, device=device)[None, :]
-        m = torch.zeros((S, S), dtype=dtype, device=device)
+        padded = torch.zeros((S, -(-S // 8) * 8), dtype=dtype, device=device)
+        m = padded[:, :S]
         _MASKS[key] = m.masked_fill_(~((j <= i) & (j > i - W)), float("-inf"))
     return _MASKS[key]
 
