@@ -882,6 +882,8 @@ def flat_copier(read_bytes: int, write_bytes: int, device, programs: int, n_sets
     def call(i: int):
         _flat_copy[grid](src[i * n:(i + 1) * n], dst[i * n:(i + 1) * n], nr, nw, per_prog, BLOCK=block,
                          num_warps=warps)
+
+    call.buffers = {"src": src, "dst": dst}  # type: ignore[attr-defined]
     return call
 
 
