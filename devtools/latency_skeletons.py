@@ -272,13 +272,14 @@ def expert_config(expert) -> tuple[int, int]:
     return (cfg.kwargs["BT"], cfg.num_warps) if cfg is not None else (4, 1)
 
 
-def routing_rows(device: str, sweep: bool = False, timer=None, workloads: list[str] | None = None) -> list[dict]:
+def routing_rows(device: str, sweep: bool = False, timer=None, workloads: list[str] | None = None,
+                 base: bool = True) -> list[dict]:
     """Per registered moe_grouped_topk workload, on the task's own inputs (``make_inputs``, the
     worker's rotation: enough sets for 3x the L2, at most 4): the expert and the three
     :data:`ROUTE_STEPS` skeletons at the expert's tuned grid; with ``sweep`` also the load+store
     and the chain at every config of the expert's autotuner (the best one reported).
     ``timer(call, n_sets) -> (median_ms, mean_ms)``; rows as :func:`measure`'s; ``workloads``:
-    other workload ids than :data:`ROUTING`."""
+    other workload ids than :data:`ROUTING`; ``base`` False: the sweep rows only."""
     from d2kbench.checking.inputs import args_nbytes, make_args
     from d2kbench.tasks import load_task
     from d2kbench.tasks.loader import import_file
@@ -294,7 +295,10 @@ def routing_rows(device: str, sweep: bool = False, timer=None, workloads: list[s
         n_sets = int(min(4, max(1, -(-3 * l2 // max(1, args_nbytes(first))))))
         sets = [first] + [make_args(ref, task.spec, wl, 1000 + s, device) for s in range(1, n_sets)]
         name = f"moe_grouped_topk/{wid}"
-        med, mean = timer(lambda i: expert.run(*sets[i]), n_sets)              # autotunes first
+        if not base:
+            sweep_rows(rows, expert, sets, n_sets, name, timer)
+            continue
+        med, mean = timer(lambda i, sets=sets: expert.run(*sets[i]), n_sets)   # autotunes first
         bt, warps = expert_config(expert)
         rows.append({"n": None, "skeleton": f"expert:{name}", "what": f"the expert's run() ({bt} rows x {warps} warps)",
                      "median_ms": med, "mean_ms": mean})
@@ -303,20 +307,25 @@ def routing_rows(device: str, sweep: bool = False, timer=None, workloads: list[s
             med, mean = timer(route_call(sets, steps, bt, warps), n_sets)
             rows.append({"n": None, "skeleton": f"{kind}:{name}", "what": f"{grid}: {what}", "median_ms": med,
                          "mean_ms": mean})
-        if not sweep:
-            continue
-        for steps in (0, 2):
-            best = None
-            for cfg in expert._CONFIGS:
-                b, w = cfg.kwargs["BT"], cfg.num_warps
-                med, mean = timer(route_call(sets, steps, b, w), n_sets)
-                if best is None or med < best[0]:
-                    best = (med, mean, b, w)
-            assert best is not None
-            rows.append({"n": None, "skeleton": f"{ROUTE_STEPS[steps][0]}_best:{name}",
-                         "what": f"best of the expert's {len(expert._CONFIGS)} configs ({best[2]} rows x {best[3]} "
-                                 f"warps): {ROUTE_STEPS[steps][1]}", "median_ms": best[0], "mean_ms": best[1]})
+        if sweep:
+            sweep_rows(rows, expert, sets, n_sets, name, timer)
     return rows
+
+
+def sweep_rows(rows: list[dict], expert, sets: list, n_sets: int, name: str, timer) -> None:
+    """Append the best time of the load+store and of the top-k chain skeleton over every config
+    of the moe expert's autotuner (rows per program, warps)."""
+    for steps in (0, 2):
+        best = None
+        for cfg in expert._CONFIGS:
+            b, w = cfg.kwargs["BT"], cfg.num_warps
+            med, mean = timer(route_call(sets, steps, b, w), n_sets)
+            if best is None or med < best[0]:
+                best = (med, mean, b, w)
+        assert best is not None
+        rows.append({"n": None, "skeleton": f"{ROUTE_STEPS[steps][0]}_best:{name}",
+                     "what": f"best of the expert's {len(expert._CONFIGS)} configs ({best[2]} rows x {best[3]} "
+                             f"warps): {ROUTE_STEPS[steps][1]}", "median_ms": best[0], "mean_ms": best[1]})
 
 
 #: Serial chains per registered workload of the recurrent tasks: (task workload, kind, steps,
@@ -402,7 +411,7 @@ def skeleton_calls(n: int, experts: int, device: str, sms: int) -> dict[str, tup
 
 
 def measure(ids_list: list[int], experts: int, chains: bool = False, routing: bool = False, sweep: bool = False,
-            dry_run: bool = False) -> dict:
+            dry_run: bool = False, sweep_only: bool = False) -> dict:
     """Graph-timed per-call median (ms) of every skeleton; GPU only (``dry_run``: the routing
     rows' host logic on the CPU interpreter, every call run once and reported as 1 us).
 
@@ -418,7 +427,7 @@ def measure(ids_list: list[int], experts: int, chains: bool = False, routing: bo
             for i in range(n_sets):
                 call(i)
             return 1e-3, 1e-3
-        rows = routing_rows("cpu", sweep, dry_timer, ROUTING_DRY)
+        rows = routing_rows("cpu", sweep, dry_timer, ROUTING_DRY, base=not sweep_only)
         for r in rows:
             r["x_floor"] = r["median_ms"] / 1e-3
         return {"environment": fingerprint("cpu"), "experts": experts, "launch_floor_ms": 1e-3, "rows": rows,
@@ -444,7 +453,7 @@ def measure(ids_list: list[int], experts: int, chains: bool = False, routing: bo
         def timer(call, n_sets):
             st = timing.time_graph(call, n_sets, warmup_ms=50.0, min_samples=20, target_ms=100.0)
             return st.median_ms, st.mean_ms
-        rows += routing_rows("cuda", sweep, timer)
+        rows += routing_rows("cuda", sweep, timer, base=not sweep_only)
     for name, (what, call) in (chain_calls("cuda").items() if chains else []):
         st = timing.time_graph(call, 1, min_samples=20, target_ms=200.0)
         rows.append({"n": None, "skeleton": name, "what": what, "median_ms": st.median_ms, "mean_ms": st.mean_ms,
@@ -506,12 +515,13 @@ def main() -> int:
     ap.add_argument("--chains", action="store_true", help="also the recurrent tasks' serial chunk chains")
     ap.add_argument("--routing", action="store_true", help="also the moe_grouped_topk routing skeletons")
     ap.add_argument("--sweep", action="store_true", help="routing: also every config of the expert's autotuner")
+    ap.add_argument("--sweep-only", action="store_true", help="routing: the config sweep rows only")
     ap.add_argument("--dry-run", action="store_true", help="routing rows' host logic on the CPU (TRITON_INTERPRET=1)")
     ap.add_argument("--compile-only", action="store_true")
     a = ap.parse_args()
     if a.compile_only:
         return 1 if compile_only(a.ids, a.experts, a.chains, a.routing) else 0
-    res = measure(a.ids, a.experts, a.chains, a.routing, a.sweep, a.dry_run)
+    res = measure(a.ids, a.experts, a.chains, a.routing or a.sweep_only, a.sweep, a.dry_run, a.sweep_only)
     text = markdown(res)
     print(text)
     if a.json:
