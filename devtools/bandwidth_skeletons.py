@@ -42,9 +42,31 @@ for 3x the L2, like the worker):
     the shrink grid (row tiles x K splits: gathered x rows and the adapter's [BK, S R] A tiles)
     and the expand grid (row tiles x column blocks: the adapter's B tiles, y's gathered rows read
     and written back unchanged).
+  - fused_qkv_norm_rope_cache: the expert's grid, tokens per program and warps (its ``plan``):
+    per token the position, slot and float32 cos | sin row, the whole qkv row as [tokens, heads,
+    D/2] half tiles; q copied to ``q_out``, k and v copied to the token's cache slot (padding
+    tokens: nothing written), no norm, no rotation.
+  - allreduce_residual_rmsnorm: the expert's grid and [rows, groups padded to a power of two,
+    128] blocks (its ``_tile``), the R partials through R pointer arguments in rank order
+    (evict-first), the residual read and written in place, y and the group scales written, at
+    arithmetic levels (:data:`AR_LEVELS`): ``skeleton`` the rank sum and residual add only (an
+    FP8 y stored as a byte of z w, no conversion, zero scales), ``skeleton_norm`` + the RMSNorm,
+    ``skeleton_quant`` + the expert's quantiser (group amax, correctly rounded scale, y / s,
+    clamp, FP8 conversion), ``skeleton_quant_rcp`` that quantiser with y * (1 / s). The bytes are
+    the same at every level: the rows separate the pattern from the arithmetic.
 
 * ``flat``: the same byte count read from one contiguous buffer (4 programs per SM, 16 KB
   tiles), the best any pattern could do with those bytes on this GPU.
+* :data:`COPY_TASKS` (tasks that write as much as they read): ``flat_copy`` a contiguous copy
+  that reads and writes the SOL model's bytes in each direction (:func:`sol_split`; 4 programs
+  per SM, 8 KB tiles) on rotating buffers of 3x the L2 (cold), ``flat_copy_sets`` the same in
+  the benchmark's input-set rotation (one set when the arguments exceed the L2: the data stays
+  L2-resident between replays, as the task's own small rows do), ``torch_copy`` /
+  ``torch_copy_sets`` PyTorch's device-to-device ``copy_`` of the same total bytes (the measured
+  ceiling's own method). :data:`RAMP_TASKS` add the cold copy at 1, 2 and 8 programs per SM and
+  at 4x and 16x the bytes; the markdown fits time = fixed cost + bytes / rate through the 1x,
+  4x and 16x copies (:func:`ramp_line`): how close one launch of this size can come to the
+  ceiling at all (launch, ramp and tail).
 * ``expert``: the expert on the same input sets, same timer.
 
 The rows give SOL bytes, ms, achieved TB/s and % of the measured HBM ceiling for each; a
@@ -1176,7 +1198,27 @@ def markdown(res: dict) -> str:
         what = r["what"] + (f"; its own MMAs {r['skeleton_mma_tflops']:.0f} TFLOP/s" if "skeleton_mma_tflops" in r else "")
         lines.append(f"| {r['task']} | {r['workload']} | {r['kind']} | {r['sol_bytes'] / 1e6:.1f} | "
                      f"{r['median_ms'] * 1e3:.1f} | {r['tbps']:.3f} | {r['pct_hbm']:.1f} | {tf} | {what} |")
+    lines += [line for line in (ramp_line(res, w) for w in dict.fromkeys(r["workload"] for r in res["rows"])) if line]
     return "\n".join(lines) + "\n"
+
+
+def ramp_line(res: dict, workload: str) -> str | None:
+    """The fixed cost of one launch from the cold copy at 1x, 4x and 16x the SOL bytes (a
+    least-squares line of time over bytes: intercept us, slope TB/s), and the best % of the HBM
+    ceiling that line allows at 1x; None without those rows."""
+    pts = {r["kind"]: r for r in res["rows"] if r["workload"] == workload and r.get("median_ms")}
+    use = [pts[k] for k in ("flat_copy", "flat_copy_bytes_x4", "flat_copy_bytes_x16") if k in pts]
+    if len(use) < 2:
+        return None
+    xs = [r["sol_bytes"] for r in use]
+    ys = [r["median_ms"] * 1e-3 for r in use]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    icpt = my - slope * mx
+    one = xs[0] / (icpt + slope * xs[0]) / 1e12
+    return (f"\n{workload}: cold copy time = {icpt * 1e6:.2f} us + bytes / {1 / slope / 1e12:.2f} TB/s (1x, 4x, 16x "
+            f"the SOL bytes); at 1x ({xs[0] / 1e6:.1f} MB) that line gives {100 * one / res['hbm_tbps']:.1f}% of "
+            f"{res['hbm_tbps']} TB/s.")
 
 
 def _empty_args(task, wl) -> list:

@@ -39,10 +39,23 @@ stores until the final state):
   scale x, ``S = a S + x^T B`` (one MMA and a fused multiply-add); programs = sequences x heads x
   DS / BN, steps = chunks of Q of the longest sequence.
 
+Routing skeletons of moe_grouped_topk (``--routing``, one row per registered workload of
+:data:`ROUTING`, on the task's own ``make_inputs`` in the worker's input-set rotation; its bar is
+the latency bar): the expert's grid (the rows per program and warps its autotuner picked on this
+GPU) loads the [T, E] float32 logits and the bias and stores k weights and k ids per row, with
+:data:`ROUTE_STEPS` of the selection's dependent steps: ``route_load_store`` one row sum (the
+bytes only), ``route_group_stage`` one max per group, the group rank and one expert max,
+``route_topk_chain`` the group stage and k rounds of max-and-remove (no sigmoid, no 64-bit
+keys, no weight gather); ``expert`` the expert on the same inputs and timer. ``--sweep`` (or
+``--sweep-only``) adds the best time of the load+store and of the chain over every config of
+the expert's autotuner. tests/test_latency_skeletons.py checks under the interpreter that every
+level moves the task's SOL bytes and that the chain selects the top-k.
+
 Usage (repo root, a GPU)::
 
     PYTHONPATH=src python3 devtools/latency_skeletons.py [--ids 2048 131072 ...] [--experts 256]
-        [--chains] [--json FILE] [--markdown FILE]
+        [--chains] [--routing] [--sweep | --sweep-only] [--json FILE] [--markdown FILE]
+    PYTHONPATH=src TRITON_INTERPRET=1 python devtools/latency_skeletons.py --ids --routing --dry-run   # CPU
     PYTHONPATH=src python devtools/latency_skeletons.py --compile-only    # no GPU: sm_90 compile
 
 Diagnostic, not a benchmark: the inputs stay resident in the L2 between replays, as those of
