@@ -1108,7 +1108,7 @@ def measure(only: list[str] | None = None, target_ms: float = 150.0, budget_s: f
     def copy_rows(task_id: str, wid: str, axes: dict, nbytes: float, n_sets: int, fsets: int) -> None:
         rd, wr = sol_split(task_id, axes)
         progs = 4 * sms
-        for kind, sets_ in (("flat_copy_sets", n_sets), ("flat_copy", fsets)):
+        for kind, sets_ in (("flat_copy_sets", n_sets), ("flat_copy", fsets))[int(n_sets == fsets):]:
             row(task_id, wid, kind, f"contiguous copy: {rd / 1e6:.2f} MB read, {wr / 1e6:.2f} MB written, {progs} "
                 f"programs of 8 KB tiles, {sets_} rotating buffer(s)",
                 t(flat_copier(int(rd), int(wr), dev, progs, sets_), sets_), nbytes)
