@@ -1215,6 +1215,8 @@ def ramp_line(res: dict, workload: str) -> str | None:
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
     icpt = my - slope * mx
+    if slope <= 0:                                   # no rate to fit (a dry run's constant times)
+        return None
     one = xs[0] / (icpt + slope * xs[0]) / 1e12
     return (f"\n{workload}: cold copy time = {icpt * 1e6:.2f} us + bytes / {1 / slope / 1e12:.2f} TB/s (1x, 4x, 16x "
             f"the SOL bytes); at 1x ({xs[0] / 1e6:.1f} MB) that line gives {100 * one / res['hbm_tbps']:.1f}% of "
