@@ -42,9 +42,31 @@ for 3x the L2, like the worker):
     the shrink grid (row tiles x K splits: gathered x rows and the adapter's [BK, S R] A tiles)
     and the expand grid (row tiles x column blocks: the adapter's B tiles, y's gathered rows read
     and written back unchanged).
+  - fused_qkv_norm_rope_cache: the expert's grid, tokens per program and warps (its ``plan``):
+    per token the position, slot and float32 cos | sin row, the whole qkv row as [tokens, heads,
+    D/2] half tiles; q copied to ``q_out``, k and v copied to the token's cache slot (padding
+    tokens: nothing written), no norm, no rotation.
+  - allreduce_residual_rmsnorm: the expert's grid and [rows, groups padded to a power of two,
+    128] blocks (its ``_tile``), the R partials through R pointer arguments in rank order
+    (evict-first), the residual read and written in place, y and the group scales written, at
+    arithmetic levels (:data:`AR_LEVELS`): ``skeleton`` the rank sum and residual add only (an
+    FP8 y stored as a byte of z w, no conversion, zero scales), ``skeleton_norm`` + the RMSNorm,
+    ``skeleton_quant`` + the expert's quantiser (group amax, correctly rounded scale, y / s,
+    clamp, FP8 conversion), ``skeleton_quant_rcp`` that quantiser with y * (1 / s). The bytes are
+    the same at every level: the rows separate the pattern from the arithmetic.
 
 * ``flat``: the same byte count read from one contiguous buffer (4 programs per SM, 16 KB
   tiles), the best any pattern could do with those bytes on this GPU.
+* :data:`COPY_TASKS` (tasks that write as much as they read): ``flat_copy`` a contiguous copy
+  that reads and writes the SOL model's bytes in each direction (:func:`sol_split`; 4 programs
+  per SM, 8 KB tiles) on rotating buffers of 3x the L2 (cold), ``flat_copy_sets`` the same in
+  the benchmark's input-set rotation (one set when the arguments exceed the L2: the data stays
+  L2-resident between replays, as the task's own small rows do), ``torch_copy`` /
+  ``torch_copy_sets`` PyTorch's device-to-device ``copy_`` of the same total bytes (the measured
+  ceiling's own method). :data:`RAMP_TASKS` add the cold copy at 1, 2 and 8 programs per SM and
+  at 4x and 16x the bytes; the markdown fits time = fixed cost + bytes / rate through the 1x,
+  4x and 16x copies (:func:`ramp_line`): how close one launch of this size can come to the
+  ceiling at all (launch, ramp and tail).
 * ``expert``: the expert on the same input sets, same timer.
 
 The rows give SOL bytes, ms, achieved TB/s and % of the measured HBM ceiling for each; a
@@ -110,6 +132,9 @@ WORKLOADS = [
     ("mla_decode_absorbed", "kimi_k2_tp4_b4_l128k"),
     ("cascade_prefix_decode", "qwen3_32b_sysprompt_n64"),
     ("lora_shrink_expand", "llama31_8b_gateup_decode_t256"),
+    ("fused_qkv_norm_rope_cache", "qwen3_8b_decode_t256"),
+    ("allreduce_residual_rmsnorm", "dsv3_tp8_t2048_fp8g128"),
+    ("allreduce_residual_rmsnorm", "llama31_70b_tp8_t4096"),    # passes (91%): the bf16 contrast
 ]
 #: Workloads with a compute skeleton (a compute-bound bar).
 COMPUTE = [("mla_decode_absorbed", "dsv3_dp_b64_h128")]
@@ -118,7 +143,16 @@ COMPUTE = [("mla_decode_absorbed", "dsv3_dp_b64_h128")]
 #: entries: < 4 bytes per request more); lora counts slice_offsets' S + 1 entries, a kernel needs
 #: only the S - 1 inner boundaries (8 bytes fewer).
 SLACK = {"mla_decode_absorbed": lambda ax: 4 * ax["B"], "cascade_prefix_decode": lambda ax: 4 * ax["N"],
-         "lora_shrink_expand": lambda ax: 8}
+         "lora_shrink_expand": lambda ax: 8, "allreduce_residual_rmsnorm": lambda ax: 0}
+#: Tasks whose rows include contiguous copies of the SOL bytes (reads and writes as the SOL
+#: model splits them, :func:`sol_split`): in the benchmark's input sets (``flat_copy_sets``: the
+#: expert's rotation; one set when the arguments exceed the L2, as the 0.5 GB KV pools of the
+#: fused_qkv decode workload do, so its 6 MB of rows stay L2-resident between replays) and in
+#: rotating buffers of 3x the L2 (``flat_copy``, cold), plus PyTorch's ``copy_``.
+COPY_TASKS = ("fused_qkv_norm_rope_cache", "allreduce_residual_rmsnorm")
+#: Tasks with the launch-ramp rows: the cold copy at 1, 2, 4 and 8 programs per SM and at 4x and
+#: 16x the bytes (the fixed cost of one launch: the intercept of time over bytes).
+RAMP_TASKS = ("fused_qkv_norm_rope_cache",)
 H200_SMS = 132
 MEASURED_HBM_TBPS = 4.3   # replaced by d2kbench.scoring.sol.ceilings(gpu, "measured") where it knows the GPU
 MEASURED_BF16_TFLOPS = 790.0
@@ -453,6 +487,135 @@ def _flat_read(X, SINK, n, per_prog, BLOCK: tl.constexpr):
     _sink(SINK, pid, tl.sum(acc, 0))
 
 
+@triton.jit
+def _qkv_rows(QKV, CS, POS, KC, VC, SLOTS, QO, T, stride_t, stride_cs, stride_qt, stride_kcp, stride_kcs,
+              stride_vcp, stride_vcs, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+              TOK: tl.constexpr, HQ_P: tl.constexpr, HKV_P: tl.constexpr, HALF_P: tl.constexpr):
+    """Grid (cdiv(T, TOK),): the fused_qkv expert's traffic without its arithmetic. Per token the
+    position, slot and float32 cos | sin row, the whole qkv row as [TOK, heads, D/2] half tiles;
+    q copied to q_out, k and v copied to the token's cache slot (slot -1: nothing written). The
+    cos/sin row is reduced per token and folded into q's store through an impossible compare."""
+    HALF: tl.constexpr = D // 2
+    toks = tl.program_id(0) * TOK + tl.arange(0, TOK)
+    tmask = toks < T
+    t64 = toks.to(tl.int64)
+    d = tl.arange(0, HALF_P)
+    dmask = d < HALF
+    pos = tl.load(POS + toks, mask=tmask, other=0).to(tl.int64)
+    slot = tl.load(SLOTS + toks, mask=tmask, other=-1)
+    cs_row = CS + pos[:, None] * stride_cs + d[None, :]
+    cmask = tmask[:, None] & dmask[None, :]
+    cs = tl.sum(tl.load(cs_row, mask=cmask, other=0.0) + tl.load(cs_row + HALF, mask=cmask, other=0.0), 1)
+    never = (cs == 1.0e30)[:, None, None]                        # keeps the cos/sin loads alive
+    row = QKV + t64[:, None, None] * stride_t + d[None, None, :]
+    hq = tl.arange(0, HQ_P)
+    qmask = tmask[:, None, None] & (hq < HQ)[None, :, None] & dmask[None, None, :]
+    q_ptr = row + (hq * D)[None, :, None]
+    q1 = tl.load(q_ptr, mask=qmask, other=0.0)
+    q2 = tl.load(q_ptr + HALF, mask=qmask, other=0.0)
+    out = QO + t64[:, None, None] * stride_qt + (hq * D)[None, :, None] + d[None, None, :]
+    tl.store(out, tl.where(never, 0.0, q1).to(q1.dtype), mask=qmask)
+    tl.store(out + HALF, q2, mask=qmask)
+    valid = slot >= 0
+    slot64 = tl.where(valid, slot, 0).to(tl.int64)
+    page = slot64 // PAGE
+    off = slot64 % PAGE
+    hk = tl.arange(0, HKV_P)
+    kmask = tmask[:, None, None] & (hk < HKV)[None, :, None] & dmask[None, None, :]
+    smask = kmask & valid[:, None, None]
+    k_ptr = row + ((HQ + hk) * D)[None, :, None]
+    v_ptr = row + ((HQ + HKV + hk) * D)[None, :, None]
+    k1 = tl.load(k_ptr, mask=kmask, other=0.0)
+    k2 = tl.load(k_ptr + HALF, mask=kmask, other=0.0)
+    v1 = tl.load(v_ptr, mask=kmask, other=0.0)
+    v2 = tl.load(v_ptr + HALF, mask=kmask, other=0.0)
+    head_off = (hk * D)[None, :, None] + d[None, None, :]
+    kdst = KC + (page * stride_kcp + off * stride_kcs)[:, None, None] + head_off
+    tl.store(kdst, k1, mask=smask)
+    tl.store(kdst + HALF, k2, mask=smask)
+    vdst = VC + (page * stride_vcp + off * stride_vcs)[:, None, None] + head_off
+    tl.store(vdst, v1, mask=smask)
+    tl.store(vdst + HALF, v2, mask=smask)
+
+
+@triton.jit
+def _ar_load(p_ptr, offs, mask):
+    return tl.load(p_ptr + offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+
+
+@triton.jit
+def _ar_rows(p0, p1, p2, p3, p4, p5, p6, p7, r_ptr, w_ptr, y_ptr, y8_ptr, s_ptr, T, H, eps,
+             R: tl.constexpr, QUANT: tl.constexpr, GS: tl.constexpr, NG: tl.constexpr, ROWS: tl.constexpr,
+             ARITH: tl.constexpr):
+    """Grid (cdiv(T, ROWS),): the allreduce expert's traffic ([ROWS, NG, GS] blocks, R partials
+    through R pointer arguments in rank order, evict-first; the residual read and written; y and
+    the group scales written) with ARITH levels of its arithmetic: 0 the rank sum and residual
+    add only (y: the low byte of z * w for FP8, z * w for a bf16 y; zero scales), 1 + the RMSNorm
+    (rstd, y = z rstd w; FP8 y still a low byte), 2 + the quantiser as the expert does it (group
+    amax, correctly rounded scale, y / s, clamp, FP8 cast), 3 the quantiser with y * (1 / s)."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    grp = tl.arange(0, NG)
+    G = H // GS
+    m2 = (rows < T)[:, None] & (grp < G)[None, :]
+    m3 = m2[:, :, None]
+    col = grp[None, :, None] * GS + tl.arange(0, GS)[None, None, :]
+    offs = rows.to(tl.int64)[:, None, None] * H + col
+    acc = _ar_load(p0, offs, m3)
+    if R > 1:
+        acc += _ar_load(p1, offs, m3)
+    if R > 2:
+        acc += _ar_load(p2, offs, m3)
+    if R > 3:
+        acc += _ar_load(p3, offs, m3)
+    if R > 4:
+        acc += _ar_load(p4, offs, m3)
+    if R > 5:
+        acc += _ar_load(p5, offs, m3)
+    if R > 6:
+        acc += _ar_load(p6, offs, m3)
+    if R > 7:
+        acc += _ar_load(p7, offs, m3)
+    dt = r_ptr.dtype.element_ty
+    res = tl.load(r_ptr + offs, mask=m3, other=0.0)
+    z = (acc + res.to(tl.float32)).to(dt)
+    tl.store(r_ptr + offs, z, mask=m3)
+    zf = z.to(tl.float32)
+    w = tl.load(w_ptr + col, mask=(grp < G)[None, :, None], other=0.0).to(tl.float32)
+    if ARITH == 0:
+        y = zf * w
+    else:
+        rstd = tl.rsqrt(tl.sum(tl.sum(zf * zf, axis=2), axis=1) / H + eps)
+        y = (zf * rstd[:, None, None]) * w
+    if QUANT and ARITH >= 2:
+        s = tl.div_rn(tl.maximum(tl.max(tl.abs(y), axis=2), 1e-10), 448.0)
+        if ARITH == 2:
+            q = tl.minimum(tl.maximum(y / s[:, :, None], -448.0), 448.0)
+        else:
+            q = tl.minimum(tl.maximum(y * (1.0 / s)[:, :, None], -448.0), 448.0)
+        tl.store(y_ptr + offs, q.to(y_ptr.dtype.element_ty), mask=m3)
+        tl.store(s_ptr + rows.to(tl.int64)[:, None] * G + grp[None, :], s, mask=m2)
+    elif QUANT:
+        low = (y.to(tl.int32, bitcast=True) >> 24).to(tl.int8)              # a byte per element, no cvt
+        tl.store(y8_ptr + offs, low, mask=m3)
+        tl.store(s_ptr + rows.to(tl.int64)[:, None] * G + grp[None, :], tl.zeros([ROWS, NG], tl.float32), mask=m2)
+    else:
+        tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=m3)
+
+
+@triton.jit
+def _flat_copy(SRC, DST, n_read, n_write, per_prog, BLOCK: tl.constexpr):
+    """Program p reads SRC[p * per_prog, +per_prog) below n_read and writes what it read to the
+    same DST elements below n_write (BLOCK-element tiles): a contiguous copy of n_read + n_write
+    elements' bytes."""
+    lo = tl.program_id(0).to(tl.int64) * per_prog
+    offs = tl.arange(0, BLOCK)
+    for s in range(0, per_prog, BLOCK):
+        idx = lo + s + offs
+        inside = s + offs < per_prog
+        x = tl.load(SRC + idx, mask=inside & (idx < n_read), other=0.0)
+        tl.store(DST + idx, x, mask=inside & (idx < n_write))
+
+
 # ----------------------------------------------------------------------------------------------
 # launches (host code reads no tensor values: CUDA-graph capturable, compile-only on empty tensors)
 # ----------------------------------------------------------------------------------------------
@@ -646,8 +809,121 @@ def lora_skeleton(expert, args: list, sms: int) -> tuple[str, Callable[[], None]
     return what, call
 
 
+def qkv_skeleton(expert, args: list, sms: int) -> tuple[str, Callable[[], None]]:
+    """The fused_qkv_norm_rope_cache copy skeleton of one input set: the expert's grid, tokens
+    per program and warps (its ``plan``), q / k / v rows copied without the norm and the rotation."""
+    qkv, _qw, _kw, cs, pos, kc, vc, slots, hq, _eps = args
+    T = qkv.shape[0]
+    _, BS, Hkv, D = kc.shape
+    Hq = int(hq)
+    tok, warps = expert.plan(T, Hq, Hkv, D)
+    q_out = torch.empty((T, Hq, D), dtype=qkv.dtype, device=qkv.device)
+    grid = (triton.cdiv(T, tok),)
+
+    def call():
+        _qkv_rows[grid](qkv, cs, pos, kc, vc, slots, q_out, T, qkv.stride(0), cs.stride(0), q_out.stride(0),
+                        kc.stride(0), kc.stride(1), vc.stride(0), vc.stride(1), HQ=Hq, HKV=Hkv, D=D, PAGE=BS,
+                        TOK=tok, HQ_P=triton.next_power_of_2(Hq), HKV_P=triton.next_power_of_2(Hkv),
+                        HALF_P=triton.next_power_of_2(D // 2), num_warps=warps)
+        return q_out
+
+    call.outputs = {"q_out": q_out}  # type: ignore[attr-defined]
+    what = (f"grid ({grid[0]},): {tok} token(s) x {Hq}+{2 * Hkv} heads per program as [tok, heads, {D // 2}] "
+            f"half tiles, {warps} warps; q copied out, k / v copied to the slot, cos|sin row read")
+    return what, call
+
+
+#: Arithmetic levels of the allreduce skeleton (``_ar_rows`` ARITH): row kind and description.
+AR_LEVELS = {0: ("skeleton", "rank sum + residual add only (FP8 y: a low byte, no cvt; zero scales)"),
+             1: ("skeleton_norm", "+ RMSNorm (FP8 y still a low byte, zero scales)"),
+             2: ("skeleton_quant", "+ the expert's quantiser: group amax, div_rn scale, y / s, clamp, FP8 cvt"),
+             3: ("skeleton_quant_rcp", "the quantiser with y * (1 / s) (one reciprocal per group)")}
+
+
+def allreduce_skeleton(expert, args: list, sms: int, arith: int = 0) -> tuple[str, Callable[[], None]]:
+    """The allreduce_residual_rmsnorm skeleton of one input set at arithmetic level ``arith``
+    (:data:`AR_LEVELS`): the expert's grid, [rows, groups, 128] blocks and warps (its ``_tile``).
+    The residual is updated in place (each call adds the partials again: values grow, bytes do
+    not change)."""
+    partials, residual, weight, eps, gs, quant = args
+    R = len(partials)
+    T, H = residual.shape
+    ng, rows, warps = expert._tile(H, gs)
+    G = H // gs
+    ydtype = torch.float8_e4m3fn if quant and residual.dtype == torch.bfloat16 else residual.dtype
+    y = torch.empty((T, H), dtype=ydtype, device=residual.device)
+    s = torch.empty((T, G if quant else 0), dtype=torch.float32, device=residual.device)
+    y8 = y.view(torch.int8) if y.element_size() == 1 else y.view(torch.int16)
+    ptrs = list(partials) + [partials[0]] * (8 - R)
+    grid = (triton.cdiv(T, rows),)
+
+    def call():
+        _ar_rows[grid](*ptrs, residual, weight, y, y8, s if quant else y, T, H, eps, R=R, QUANT=bool(quant),
+                       GS=gs, NG=ng, ROWS=rows, ARITH=arith, num_warps=warps)
+        return y, s
+
+    call.outputs = {"y": y, "y_s": s}  # type: ignore[attr-defined]
+    what = (f"grid ({grid[0]},): [{rows} x {ng} x {gs}] blocks ({G} groups used), {warps} warps, {R} partials "
+            f"by pointer; {AR_LEVELS[arith][1]}")
+    return what, call
+
+
+def sol_split(task_id: str, axes: dict) -> tuple[float, float]:
+    """(read, written) bytes of the floor SOL model where the copy rows need them (the task.yaml
+    formulas split by direction; tested against :func:`count_bytes`); other tasks: all read.
+
+    Raises:
+        KeyError: a task without a split (use the plain SOL bytes).
+    """
+    a = {k: int(v) for k, v in axes.items()}
+    if task_id == "fused_qkv_norm_rope_cache":
+        T, Hq, Hkv, D = a["T"], a["Hq"], a["Hkv"], a["D"]
+        written = 2 * T * Hq * D + 4 * (T - T // 50) * Hkv * D
+        read = 2 * T * (Hq + 2 * Hkv) * D + 4 * T * D + 16 * T
+        return float(read), float(written)
+    if task_id == "allreduce_residual_rmsnorm":
+        R, T, H, GS, Q = a["R"], a["T"], a["H"], a["GS"], a["Q"]
+        read = 2 * R * T * H + 2 * T * H + 2 * H
+        written = 2 * T * H + (1 - Q) * 2 * T * H + Q * (T * H + 4 * T * (H // GS))
+        return float(read), float(written)
+    raise KeyError(task_id)
+
+
+def flat_copier(read_bytes: int, write_bytes: int, device, programs: int, n_sets: int, block: int = 4096,
+                warps: int = 4) -> Callable[[int], None]:
+    """``call(i)``: :func:`_flat_copy` of segment ``i`` of ``n_sets`` rotating source and
+    destination buffers (bf16 elements, bytes rounded up to 2): ``programs`` programs of
+    ``block``-element tiles, ``read_bytes`` read and ``write_bytes`` written."""
+    nr, nw = (read_bytes + 1) // 2, (write_bytes + 1) // 2
+    n = max(nr, nw)
+    src = torch.zeros(n * n_sets, dtype=torch.bfloat16, device=device)
+    dst = torch.empty(n * n_sets, dtype=torch.bfloat16, device=device)
+    per_prog = triton.cdiv(triton.cdiv(n, programs), block) * block
+    grid = (triton.cdiv(n, per_prog),)
+
+    def call(i: int):
+        _flat_copy[grid](src[i * n:(i + 1) * n], dst[i * n:(i + 1) * n], nr, nw, per_prog, BLOCK=block,
+                         num_warps=warps)
+
+    call.buffers = {"src": src, "dst": dst}  # type: ignore[attr-defined]
+    return call
+
+
+def torch_copier(nbytes: int, device, n_sets: int) -> Callable[[int], None]:
+    """``call(i)``: PyTorch's device-to-device ``copy_`` of ``nbytes / 2`` bytes (``nbytes`` moved,
+    the measured HBM ceiling's own method) on segment ``i`` of ``n_sets`` rotating buffers."""
+    n = max(1, nbytes // 4)
+    src = torch.zeros(n * n_sets, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+
+    def call(i: int):
+        dst[i * n:(i + 1) * n].copy_(src[i * n:(i + 1) * n])
+    return call
+
+
 SKELETONS = {"mla_decode_absorbed": mla_skeleton, "cascade_prefix_decode": cascade_skeleton,
-             "lora_shrink_expand": lora_skeleton}
+             "lora_shrink_expand": lora_skeleton, "fused_qkv_norm_rope_cache": qkv_skeleton,
+             "allreduce_residual_rmsnorm": allreduce_skeleton}
 
 
 def flat_reader(nbytes: int, device, sms: int, n_sets: int) -> Callable[[int], None]:
@@ -751,6 +1027,9 @@ def skeleton_bytes(task_id: str, args: list, names: list[str], sms: int = 4, **k
     expert = import_file(task.resolve_solution("expert"))
     _, call = SKELETONS[task_id](expert, args, sms, **kw)
     buffers = {n: a for n, a in zip(names, args) if isinstance(a, torch.Tensor)}
+    for n, a in zip(names, args):
+        if isinstance(a, list):                                          # a tensor list: name_0, name_1, ...
+            buffers.update({f"{n}_{r}": t for r, t in enumerate(a) if isinstance(t, torch.Tensor)})
     return count_bytes(call, {**buffers, **getattr(call, "outputs", {})})
 
 
@@ -760,7 +1039,8 @@ def skeleton_bytes(task_id: str, args: list, names: list[str], sms: int = 4, **k
 
 #: ``--dry-run`` (CPU interpreter): a smoke workload stands in for each task's registered ones.
 DRY = {"mla_decode_absorbed": "smoke_b2_h80_two_blocks", "cascade_prefix_decode": "smoke_n6_h4x2_d32_p40",
-       "lora_shrink_expand": "smoke_t24_k64_s3_decode"}
+       "lora_shrink_expand": "smoke_t24_k64_s3_decode", "fused_qkv_norm_rope_cache": "smoke_t6_h4x2_d32_decode",
+       "allreduce_residual_rmsnorm": "smoke_r4_t7_h384_quant"}
 
 
 def _n_sets(args: list, l2: int) -> int:
@@ -825,6 +1105,26 @@ def measure(only: list[str] | None = None, target_ms: float = 150.0, budget_s: f
         print(f"{task_id}/{wid} {kind}: {ms * 1e3:.1f} us, {r['tbps']:.3f} TB/s ({r['pct_hbm']:.1f}% HBM)"
               + (f", {r['tflops']:.0f} TFLOP/s ({r['pct_bf16']:.1f}%)" if flops is not None else ""), flush=True)
 
+    def copy_rows(task_id: str, wid: str, axes: dict, nbytes: float, n_sets: int, fsets: int) -> None:
+        rd, wr = sol_split(task_id, axes)
+        progs = 4 * sms
+        for kind, sets_ in (("flat_copy_sets", n_sets), ("flat_copy", fsets))[int(n_sets == fsets):]:
+            row(task_id, wid, kind, f"contiguous copy: {rd / 1e6:.2f} MB read, {wr / 1e6:.2f} MB written, {progs} "
+                f"programs of 8 KB tiles, {sets_} rotating buffer(s)",
+                t(flat_copier(int(rd), int(wr), dev, progs, sets_), sets_), nbytes)
+            row(task_id, wid, kind.replace("flat", "torch"), f"PyTorch copy_ of {nbytes / 2e6:.2f} MB, {sets_} "
+                "rotating buffer(s)", t(torch_copier(int(nbytes), dev, sets_), sets_), nbytes)
+        if task_id not in RAMP_TASKS:
+            return
+        for per_sm in (1, 2, 8):
+            row(task_id, wid, f"flat_copy_{per_sm}x_sms", f"the cold copy with {per_sm * sms} programs",
+                t(flat_copier(int(rd), int(wr), dev, per_sm * sms, fsets), fsets), nbytes)
+        for mult in (4, 16):
+            ms_ = max(1, fsets // mult)
+            row(task_id, wid, f"flat_copy_bytes_x{mult}", f"the cold copy of {mult}x the bytes, {progs} programs, "
+                f"{ms_} rotating buffer(s)", t(flat_copier(int(rd) * mult, int(wr) * mult, dev, progs, ms_), ms_),
+                nbytes * mult)
+
     def one(task_id: str, wid: str) -> None:
         task = load_task(task_id)
         ref = task.reference_module()
@@ -837,12 +1137,18 @@ def measure(only: list[str] | None = None, target_ms: float = 150.0, budget_s: f
         exp_ms = t(lambda i: expert.run(*sets[i]), n_sets)       # also autotunes the expert first
         calls = [SKELETONS[task_id](expert, a, sms) for a in sets]
         row(task_id, wid, "skeleton", calls[0][0], t(lambda i: calls[i][1](), n_sets), nbytes)
+        if task_id == "allreduce_residual_rmsnorm":
+            for level in (1, 2, 3) if int(wl.axes["Q"]) else (1,):
+                lv = [allreduce_skeleton(expert, a, sms, level) for a in sets]
+                row(task_id, wid, AR_LEVELS[level][0], lv[0][0], t(lambda i, lv=lv: lv[i][1](), n_sets), nbytes)
         if task_id == "cascade_prefix_decode":
             split = [cascade_skeleton(expert, a, sms, split_prefix=True) for a in sets]
             row(task_id, wid, "skeleton_split", split[0][0], t(lambda i: split[i][1](), n_sets), nbytes)
         fsets = 1 if dry_run else max(n_sets, int(-(-3 * l2 // int(nbytes))))
         row(task_id, wid, "flat", f"contiguous read of the SOL bytes, {4 * sms} programs, {fsets} rotating buffers",
             t(flat_reader(int(nbytes), dev, sms, fsets), fsets), nbytes)
+        if task_id in COPY_TASKS:
+            copy_rows(task_id, wid, wl.axes, nbytes, n_sets, fsets)
         tc_sol = evaluate_formula(task.spec.sol.counts(task.spec.sol.floor).tc_flops, wl.axes)
         row(task_id, wid, "expert", "the expert's run()", exp_ms, nbytes, flops=tc_sol or None)
         compute = []
@@ -892,7 +1198,29 @@ def markdown(res: dict) -> str:
         what = r["what"] + (f"; its own MMAs {r['skeleton_mma_tflops']:.0f} TFLOP/s" if "skeleton_mma_tflops" in r else "")
         lines.append(f"| {r['task']} | {r['workload']} | {r['kind']} | {r['sol_bytes'] / 1e6:.1f} | "
                      f"{r['median_ms'] * 1e3:.1f} | {r['tbps']:.3f} | {r['pct_hbm']:.1f} | {tf} | {what} |")
+    lines += [line for line in (ramp_line(res, w) for w in dict.fromkeys(r["workload"] for r in res["rows"])) if line]
     return "\n".join(lines) + "\n"
+
+
+def ramp_line(res: dict, workload: str) -> str | None:
+    """The fixed cost of one launch from the cold copy at 1x, 4x and 16x the SOL bytes (a
+    least-squares line of time over bytes: intercept us, slope TB/s), and the best % of the HBM
+    ceiling that line allows at 1x; None without those rows."""
+    pts = {r["kind"]: r for r in res["rows"] if r["workload"] == workload and r.get("median_ms")}
+    use = [pts[k] for k in ("flat_copy", "flat_copy_bytes_x4", "flat_copy_bytes_x16") if k in pts]
+    if len(use) < 2:
+        return None
+    xs = [r["sol_bytes"] for r in use]
+    ys = [r["median_ms"] * 1e-3 for r in use]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    icpt = my - slope * mx
+    if slope <= 0:                                   # no rate to fit (a dry run's constant times)
+        return None
+    one = xs[0] / (icpt + slope * xs[0]) / 1e12
+    return (f"\n{workload}: cold copy time = {icpt * 1e6:.2f} us + bytes / {1 / slope / 1e12:.2f} TB/s (1x, 4x, 16x "
+            f"the SOL bytes); at 1x ({xs[0] / 1e6:.1f} MB) that line gives {100 * one / res['hbm_tbps']:.1f}% of "
+            f"{res['hbm_tbps']} TB/s.")
 
 
 def _empty_args(task, wl) -> list:
@@ -907,7 +1235,11 @@ def _empty_args(task, wl) -> list:
         if isinstance(a, TensorArg):
             shape = [int(evaluate_formula(str(d), wl.axes)) for d in a.shape]
             dtype = getattr(torch, str(vals.get(a.dtype_param, a.dtype)) if a.dtype_param else a.dtype)
-            out.append(torch.empty(shape, dtype=dtype))
+            count = int(wl.axes[a.count]) if a.count else 0
+            out.append([torch.empty(shape, dtype=dtype) for _ in range(count)] if a.count
+                       else torch.empty(shape, dtype=dtype))
+        elif getattr(a, "axis", None):
+            out.append(int(wl.axes[a.axis]))
         elif a.name == "common_prefix_len":
             out.append(int(wl.axes["P"]))
         else:
@@ -915,23 +1247,22 @@ def _empty_args(task, wl) -> list:
     return out
 
 
-def compile_only() -> int:
+def compile_only(only: list[str] | None = None) -> int:
     """Compile every skeleton for sm_90 at the registered shapes without a GPU (devtools/
     compile_sm90.py's stand-in driver), for every config the expert's autotuner may choose
     (mla, cascade); returns the number of failed compiles. With ``TRITON_CACHE_DIR`` set, the
     cubins land there (a GPU run with the same Triton can reuse them)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import compile_sm90 as c  # noqa: PLC0415 - pops TRITON_INTERPRET, patches nothing yet
-    from triton.runtime import driver
-    from triton.runtime.jit import JITFunction
+    import compile_sm90 as c  # noqa: PLC0415 - changes nothing until install()
 
     from d2kbench.tasks import load_task
     from d2kbench.tasks.loader import import_file
 
-    driver.set_active(c.FakeDriver())
-    JITFunction.run = c._patched_run
+    c.install()
     failed = 0
     for task_id, wid in WORKLOADS:
+        if only and f"{task_id}/{wid}" not in only and task_id not in only:
+            continue
         task = load_task(task_id)
         expert = import_file(task.resolve_solution("expert"))
         wl = task.spec.workload(wid)
@@ -947,6 +1278,11 @@ def compile_only() -> int:
             if kernel is not None:
                 kernel.best_config = cfg
             calls.append(("skeleton", SKELETONS[task_id](expert, args, c.H200_SMS)[1]))
+            if task_id == "allreduce_residual_rmsnorm":
+                calls += [(AR_LEVELS[lv][0], allreduce_skeleton(expert, args, c.H200_SMS, lv)[1]) for lv in (1, 2, 3)]
+            if task_id in COPY_TASKS:
+                rd, wr = sol_split(task_id, wl.axes)
+                calls.append(("flat_copy", functools.partial(flat_copier(int(rd), int(wr), "cpu", 4 * c.H200_SMS, 1), 0)))
             if task_id == "cascade_prefix_decode":
                 calls.append(("skeleton_split", cascade_skeleton(expert, args, c.H200_SMS, split_prefix=True)[1]))
                 calls.append(("prefix_mma_softmax", cascade_prefix_compute(expert, args, c.H200_SMS)[1]))
@@ -978,7 +1314,7 @@ def main() -> int:
     ap.add_argument("--dry-run", action="store_true", help="host logic on the CPU (TRITON_INTERPRET=1, smoke workloads)")
     a = ap.parse_args()
     if a.compile_only:
-        return 1 if compile_only() else 0
+        return 1 if compile_only(a.only) else 0
 
     def write(res: dict) -> None:
         if a.json:

@@ -39,10 +39,23 @@ stores until the final state):
   scale x, ``S = a S + x^T B`` (one MMA and a fused multiply-add); programs = sequences x heads x
   DS / BN, steps = chunks of Q of the longest sequence.
 
+Routing skeletons of moe_grouped_topk (``--routing``, one row per registered workload of
+:data:`ROUTING`, on the task's own ``make_inputs`` in the worker's input-set rotation; its bar is
+the latency bar): the expert's grid (the rows per program and warps its autotuner picked on this
+GPU) loads the [T, E] float32 logits and the bias and stores k weights and k ids per row, with
+:data:`ROUTE_STEPS` of the selection's dependent steps: ``route_load_store`` one row sum (the
+bytes only), ``route_group_stage`` one max per group, the group rank and one expert max,
+``route_topk_chain`` the group stage and k rounds of max-and-remove (no sigmoid, no 64-bit
+keys, no weight gather); ``expert`` the expert on the same inputs and timer. ``--sweep`` (or
+``--sweep-only``) adds the best time of the load+store and of the chain over every config of
+the expert's autotuner. tests/test_latency_skeletons.py checks under the interpreter that every
+level moves the task's SOL bytes and that the chain selects the top-k.
+
 Usage (repo root, a GPU)::
 
     PYTHONPATH=src python3 devtools/latency_skeletons.py [--ids 2048 131072 ...] [--experts 256]
-        [--chains] [--json FILE] [--markdown FILE]
+        [--chains] [--routing] [--sweep | --sweep-only] [--json FILE] [--markdown FILE]
+    PYTHONPATH=src TRITON_INTERPRET=1 python devtools/latency_skeletons.py --ids --routing --dry-run   # CPU
     PYTHONPATH=src python devtools/latency_skeletons.py --compile-only    # no GPU: sm_90 compile
 
 Diagnostic, not a benchmark: the inputs stay resident in the L2 between replays, as those of
@@ -168,6 +181,166 @@ def _ssd_chain(x_ptr, b_ptr, out_ptr, steps, P: tl.constexpr, BN: tl.constexpr, 
     tl.store(out_ptr + pid * P * BN + rp[:, None] * BN + cn[None, :], S)
 
 
+@triton.jit
+def _route_steps(logits_ptr, bias_ptr, w_ptr, ids_ptr, T, E: tl.constexpr, G: tl.constexpr, GSZ: tl.constexpr,
+                 G_PAD: tl.constexpr, GSZ_PAD: tl.constexpr, TOPK_GROUP: tl.constexpr, K: tl.constexpr,
+                 K_PAD: tl.constexpr, BT: tl.constexpr, STEPS: tl.constexpr):
+    """Grid (cdiv(T, BT),): the moe_grouped_topk expert's [BT, G, E/G] tiles of logits + bias and
+    its [BT, k] stores of weights and ids, with STEPS of its dependent reductions: 0 one row sum
+    (load + store), 1 one max per group, the group rank (G x G compares) and one expert max,
+    2 the group stage and k rounds of "max, remove it" (the expert top-k). No sigmoid, no
+    64-bit keys, no weight gather: the stored values are the maxima (ids: their bits)."""
+    rows = tl.program_id(0) * BT + tl.arange(0, BT)
+    rmask = rows < T
+    g = tl.arange(0, G_PAD)
+    j = tl.arange(0, GSZ_PAD)
+    expert = g[:, None] * GSZ + j[None, :]
+    emask = (g < G)[:, None] & (j < GSZ)[None, :]
+    valid = rmask[:, None, None] & emask[None, :, :]
+    row_off = rows.to(tl.int64) * E
+    x = tl.load(logits_ptr + row_off[:, None, None] + expert[None, :, :], mask=valid, other=0.0)
+    b = tl.load(bias_ptr + expert, mask=emask, other=0.0)
+    kk = tl.arange(0, K_PAD)
+    if STEPS == 0:
+        tot = tl.sum(tl.sum(x + b[None, :, :], axis=2), axis=1)
+        wv = tl.zeros([BT, K_PAD], dtype=tl.float32) + tot[:, None]
+    else:
+        c = tl.where(valid, x + b[None, :, :], float("-inf"))
+        if G > 1:
+            gm = tl.where((g < G)[None, :], tl.max(c, axis=2), float("-inf"))        # one reduction per group
+            gi = gm[:, :, None]
+            gj = gm[:, None, :]
+            beats = (gj > gi) | ((gj == gi) & (g[None, None, :] < g[None, :, None]))
+            rank = tl.sum(beats.to(tl.int32), axis=2)
+            c = tl.where((rank < TOPK_GROUP)[:, :, None], c, float("-inf"))
+        wv = tl.zeros([BT, K_PAD], dtype=tl.float32)
+        for r in tl.static_range(K if STEPS == 2 else 1):
+            m = tl.max(tl.max(c, axis=2), axis=1)
+            wv = tl.where(kk[None, :] == r, m[:, None], wv)
+            c = tl.where(c == m[:, None, None], float("-inf"), c)
+    omask = rmask[:, None] & (kk < K)[None, :]
+    out = rows.to(tl.int64)[:, None] * K + kk[None, :]
+    tl.store(ids_ptr + out, wv.to(tl.int32, bitcast=True), mask=omask)
+    tl.store(w_ptr + out, wv, mask=omask)
+
+
+#: Routing skeleton levels (``_route_steps`` STEPS): name and what it does.
+ROUTE_STEPS = {0: ("route_load_store", "load logits + bias, one row sum, store k weights + k ids"),
+               1: ("route_group_stage", "+ one max per group, group rank, one expert max"),
+               2: ("route_topk_chain", "+ k rounds of max-and-remove (the minimum dependent chain)")}
+#: Registered moe_grouped_topk workloads (latency bar: 3x the launch floor).
+ROUTING = ["dsv3_decode_t256", "dsv3_step_t2048", "kimi_k2_decode_t512"]
+#: ``--dry-run`` stand-ins (CPU interpreter): a grouped and a one-group smoke workload.
+ROUTING_DRY = ["smoke_t7_e32_g4_k4", "smoke_t5_e48_g1_k6"]
+
+
+def route_call(args: list, steps: int, bt: int, warps: int):
+    """``call(i)`` of :func:`_route_steps` on input set ``args[i]`` (the task's ``run`` arguments)
+    at ``bt`` rows per program and ``warps`` warps (the expert's autotuned choice)."""
+    outs = []
+    for a in args:
+        T, E = a[0].shape
+        k = int(a[2])
+        outs.append((torch.empty((T, k), dtype=torch.float32, device=a[0].device),
+                     torch.empty((T, k), dtype=torch.int32, device=a[0].device)))
+    T, E = args[0][0].shape
+    G, k, tg = int(args[0][3]), int(args[0][2]), int(args[0][4])
+    meta = dict(E=E, G=G, GSZ=E // G, G_PAD=triton.next_power_of_2(G), GSZ_PAD=triton.next_power_of_2(E // G),
+                TOPK_GROUP=tg, K=k, K_PAD=triton.next_power_of_2(k), BT=bt, STEPS=steps)
+
+    def call(i: int):
+        w, ids = outs[i]
+        _route_steps[(triton.cdiv(T, bt),)](args[i][0], args[i][1], w, ids, T, num_warps=warps, num_stages=1, **meta)
+        return w, ids
+
+    call.outputs = outs  # type: ignore[attr-defined]
+    return call
+
+
+def routing_compile_calls() -> dict[str, tuple[str, object]]:
+    """The routing skeletons at every config of the moe expert's autotuner on empty tensors of
+    the registered shapes (compile-only)."""
+    from d2kbench.tasks import load_task
+    from d2kbench.tasks.loader import import_file
+
+    task = load_task("moe_grouped_topk")
+    expert = import_file(task.resolve_solution("expert"))
+    calls: dict[str, tuple[str, object]] = {}
+    for wid in ROUTING:
+        wl = task.spec.workload(wid)
+        ax, par = wl.axes, wl.values()
+        args = [torch.empty((int(ax["T"]), int(ax["E"])), dtype=torch.float32), torch.empty(int(ax["E"])),
+                int(ax["k"]), int(ax["G"]), int(par["topk_group"]), float(par["scale"])]
+        for cfg in expert._CONFIGS:
+            for steps, (kind, what) in ROUTE_STEPS.items():
+                call = route_call([args], steps, cfg.kwargs["BT"], cfg.num_warps)
+                calls[f"{kind}:{wid}:{cfg.kwargs['BT']}x{cfg.num_warps}"] = (what, call)
+    return calls
+
+
+def expert_config(expert) -> tuple[int, int]:
+    """(rows per program, warps) the moe expert's autotuner picked (after a call on this GPU),
+    else its interpreter tile (4 rows, 1 warp)."""
+    cfg = getattr(expert._grouped_topk_tuned, "best_config", None)
+    return (cfg.kwargs["BT"], cfg.num_warps) if cfg is not None else (4, 1)
+
+
+def routing_rows(device: str, sweep: bool = False, timer=None, workloads: list[str] | None = None,
+                 base: bool = True) -> list[dict]:
+    """Per registered moe_grouped_topk workload, on the task's own inputs (``make_inputs``, the
+    worker's rotation: enough sets for 3x the L2, at most 4): the expert and the three
+    :data:`ROUTE_STEPS` skeletons at the expert's tuned grid; with ``sweep`` also the load+store
+    and the chain at every config of the expert's autotuner (the best one reported).
+    ``timer(call, n_sets) -> (median_ms, mean_ms)``; rows as :func:`measure`'s; ``workloads``:
+    other workload ids than :data:`ROUTING`; ``base`` False: the sweep rows only."""
+    from d2kbench.checking.inputs import args_nbytes, make_args
+    from d2kbench.tasks import load_task
+    from d2kbench.tasks.loader import import_file
+
+    task = load_task("moe_grouped_topk")
+    ref = task.reference_module()
+    expert = import_file(task.resolve_solution("expert"))
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size if device == "cuda" else 50 << 20
+    rows = []
+    for wid in workloads or ROUTING:
+        wl = task.spec.workload(wid)
+        first = make_args(ref, task.spec, wl, 1000, device)
+        n_sets = int(min(4, max(1, -(-3 * l2 // max(1, args_nbytes(first))))))
+        sets = [first] + [make_args(ref, task.spec, wl, 1000 + s, device) for s in range(1, n_sets)]
+        name = f"moe_grouped_topk/{wid}"
+        if not base:
+            sweep_rows(rows, expert, sets, n_sets, name, timer)
+            continue
+        med, mean = timer(lambda i, sets=sets: expert.run(*sets[i]), n_sets)   # autotunes first
+        bt, warps = expert_config(expert)
+        rows.append({"n": None, "skeleton": f"expert:{name}", "what": f"the expert's run() ({bt} rows x {warps} warps)",
+                     "median_ms": med, "mean_ms": mean})
+        grid = f"{-(-int(wl.axes['T']) // bt)} programs x {bt} rows, {warps} warps"
+        for steps, (kind, what) in ROUTE_STEPS.items():
+            med, mean = timer(route_call(sets, steps, bt, warps), n_sets)
+            rows.append({"n": None, "skeleton": f"{kind}:{name}", "what": f"{grid}: {what}", "median_ms": med,
+                         "mean_ms": mean})
+        if sweep:
+            sweep_rows(rows, expert, sets, n_sets, name, timer)
+    return rows
+
+
+def sweep_rows(rows: list[dict], expert, sets: list, n_sets: int, name: str, timer) -> None:
+    """Append the best time of the load+store and of the top-k chain skeleton over every config
+    of the moe expert's autotuner (rows per program, warps)."""
+    for steps in (0, 2):
+        best = None
+        for cfg in expert._CONFIGS:
+            b, w = cfg.kwargs["BT"], cfg.num_warps
+            med, mean = timer(route_call(sets, steps, b, w), n_sets)
+            if best is None or med < best[0]:
+                best = (med, mean, b, w)
+        assert best is not None
+        rows.append({"n": None, "skeleton": f"{ROUTE_STEPS[steps][0]}_best:{name}",
+                     "what": f"best of the expert's {len(expert._CONFIGS)} configs ({best[2]} rows x {best[3]} "
+                             f"warps): {ROUTE_STEPS[steps][1]}", "median_ms": best[0], "mean_ms": best[1]})
+
+
 #: Serial chains per registered workload of the recurrent tasks: (task workload, kind, steps,
 #: programs, tile width, chunk). Programs and tile widths are the experts' (state_block() of the
 #: Gated DeltaNet expert: BV 32 below 264 programs at 64; the SSD expert: 64 state columns);
@@ -250,8 +423,10 @@ def skeleton_calls(n: int, experts: int, device: str, sms: int) -> dict[str, tup
     return calls
 
 
-def measure(ids_list: list[int], experts: int, chains: bool = False) -> dict:
-    """Graph-timed per-call median (ms) of every skeleton; GPU only.
+def measure(ids_list: list[int], experts: int, chains: bool = False, routing: bool = False, sweep: bool = False,
+            dry_run: bool = False, sweep_only: bool = False) -> dict:
+    """Graph-timed per-call median (ms) of every skeleton; GPU only (``dry_run``: the routing
+    rows' host logic on the CPU interpreter, every call run once and reported as 1 us).
 
     Raises:
         RuntimeError: no GPU.
@@ -260,6 +435,16 @@ def measure(ids_list: list[int], experts: int, chains: bool = False) -> dict:
     from d2kbench.harness.env import fingerprint
     from d2kbench.harness.launch_floor import launch_floor_ms
 
+    if dry_run:
+        def dry_timer(call, n_sets):
+            for i in range(n_sets):
+                call(i)
+            return 1e-3, 1e-3
+        rows = routing_rows("cpu", sweep, dry_timer, ROUTING_DRY, base=not sweep_only)
+        for r in rows:
+            r["x_floor"] = r["median_ms"] / 1e-3
+        return {"environment": fingerprint("cpu"), "experts": experts, "launch_floor_ms": 1e-3, "rows": rows,
+                "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     if not torch.cuda.is_available():
         raise RuntimeError("the skeletons are timed on a GPU")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -277,6 +462,11 @@ def measure(ids_list: list[int], experts: int, chains: bool = False) -> dict:
             rows.append({"n": None if size_free else n, "skeleton": name, "what": what,
                          "median_ms": st.median_ms, "mean_ms": st.mean_ms,
                          "calls_per_sample": st.calls_per_sample})
+    if routing:
+        def timer(call, n_sets):
+            st = timing.time_graph(call, n_sets, warmup_ms=50.0, min_samples=20, target_ms=100.0)
+            return st.median_ms, st.mean_ms
+        rows += routing_rows("cuda", sweep, timer, base=not sweep_only)
     for name, (what, call) in (chain_calls("cuda").items() if chains else []):
         st = timing.time_graph(call, 1, min_samples=20, target_ms=200.0)
         rows.append({"n": None, "skeleton": name, "what": what, "median_ms": st.median_ms, "mean_ms": st.mean_ms,
@@ -303,9 +493,10 @@ def markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def compile_only(ids_list: list[int], experts: int, chains: bool = False) -> int:
+def compile_only(ids_list: list[int], experts: int, chains: bool = False, routing: bool = False) -> int:
     """Compile every skeleton for sm_90 without a GPU (devtools/compile_sm90.py's stand-in
-    driver); returns the number of failed compiles."""
+    driver); returns the number of failed compiles. ``routing``: the routing skeletons at every
+    config of the moe expert's autotuner, on the registered shapes (empty tensors)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import compile_sm90 as c  # noqa: PLC0415 - changes nothing until install()
 
@@ -314,6 +505,8 @@ def compile_only(ids_list: list[int], experts: int, chains: bool = False) -> int
     groups = [(n, skeleton_calls(n, experts, "cpu", c.H200_SMS)) for n in ids_list]
     if chains:
         groups.append(("-", chain_calls("cpu")))
+    if routing:
+        groups.append(("-", routing_compile_calls()))
     for n, calls in groups:
         for name, (_, call) in calls.items():
             c.LAUNCHES.clear()
@@ -328,16 +521,20 @@ def compile_only(ids_list: list[int], experts: int, chains: bool = False) -> int
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--ids", type=int, nargs="+", default=[2048, 131072, 262144])
+    ap.add_argument("--ids", type=int, nargs="*", default=[2048, 131072, 262144], help="none: no id skeletons")
     ap.add_argument("--experts", type=int, default=256)
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     ap.add_argument("--chains", action="store_true", help="also the recurrent tasks' serial chunk chains")
+    ap.add_argument("--routing", action="store_true", help="also the moe_grouped_topk routing skeletons")
+    ap.add_argument("--sweep", action="store_true", help="routing: also every config of the expert's autotuner")
+    ap.add_argument("--sweep-only", action="store_true", help="routing: the config sweep rows only")
+    ap.add_argument("--dry-run", action="store_true", help="routing rows' host logic on the CPU (TRITON_INTERPRET=1)")
     ap.add_argument("--compile-only", action="store_true")
     a = ap.parse_args()
     if a.compile_only:
-        return 1 if compile_only(a.ids, a.experts, a.chains) else 0
-    res = measure(a.ids, a.experts, a.chains)
+        return 1 if compile_only(a.ids, a.experts, a.chains, a.routing) else 0
+    res = measure(a.ids, a.experts, a.chains, a.routing or a.sweep_only, a.sweep, a.dry_run, a.sweep_only)
     text = markdown(res)
     print(text)
     if a.json:

@@ -113,3 +113,71 @@ def test_wrong_skeletons_fail(bs):
 def test_registered_workloads_exist(bs):
     for task_id, wid in bs.WORKLOADS + bs.COMPUTE:
         assert not load_task(task_id).spec.workload(wid).correctness_only
+
+
+def _workload_args(task_id: str, axes: dict, params: dict, seed: int = 5):
+    task = load_task(task_id)
+    wl = Workload(id="test", axes=axes, params=params, source="test")
+    return task, wl, make_args(task.reference_module(), task.spec, wl, seed, "cpu"), [a.name for a in task.spec.args]
+
+
+@pytest.mark.parametrize("axes,params", [
+    ({"T": 6, "Hq": 4, "Hkv": 2, "D": 32, "NB": 8, "BS": 4, "MAXPOS": 64}, {"dtype": "float16", "mode": "decode"}),
+    ({"T": 37, "Hq": 5, "Hkv": 1, "D": 64, "NB": 24, "BS": 16, "MAXPOS": 128}, {"dtype": "float16"}),
+], ids=["decode", "prefill_h5"])
+def test_qkv_skeleton_moves_the_sol_bytes(bs, axes, params):
+    """Every qkv row read once, q written once, k and v written at the mapped slots only, one
+    cos|sin row, position and slot per token: the floor formula with this input's padding count
+    (the formula assumes 2%) and distinct positions (the formula counts a row per token)."""
+    task, wl, args, names = _workload_args("fused_qkv_norm_rope_cache", axes, params)
+    T, Hq, Hkv, D = (axes[a] for a in ("T", "Hq", "Hkv", "D"))
+    slots, pos = args[7], args[4]
+    valid = int((slots >= 0).sum())
+    assert valid < T                                               # some padding: nothing written for it
+    counts = bs.skeleton_bytes(task.spec.id, args, names)
+    assert counts["qkv"]["read"] == counts["qkv"]["read_requested"] == 2 * T * (Hq + 2 * Hkv) * D
+    assert counts["q_out"]["written"] == 2 * T * Hq * D
+    assert counts["key_cache"]["written"] == counts["value_cache"]["written"] == 2 * valid * Hkv * D
+    assert counts["key_cache"]["read"] == counts["value_cache"]["read"] == 0
+    assert counts["cos_sin_cache"]["read_requested"] == 4 * T * D
+    assert counts["cos_sin_cache"]["read"] == 4 * D * len(set(pos.tolist()))
+    assert counts["positions"]["read"] == counts["slot_mapping"]["read"] == 8 * T
+    assert counts["q_norm_weight"]["read"] == counts["k_norm_weight"]["read"] == 0   # L2-resident gains: not SOL
+    requested = sum(v["written"] + (v["read_requested"] if k == "cos_sin_cache" else v["read"])
+                    for k, v in counts.items() if k != "other")
+    sol = bs.sol_bytes(task, wl)
+    assert requested - sol == 4 * Hkv * D * (valid - (T - T // 50))
+    rd, wr = bs.sol_split(task.spec.id, wl.axes)
+    assert rd + wr == sol
+
+
+@pytest.mark.parametrize("level", [0, 1, 2, 3])
+@pytest.mark.parametrize("axes,params", [
+    ({"R": 3, "T": 5, "H": 384, "GS": 128, "Q": 1}, {"ydtype": "float8_e4m3fn"}),
+    ({"R": 2, "T": 3, "H": 256, "GS": 128, "Q": 0}, {"dtype": "float16", "ydtype": "float16"}),
+], ids=["fp8_3_of_4_groups", "fp16"])
+def test_allreduce_skeleton_moves_the_sol_bytes(bs, level, axes, params):
+    """Each arithmetic level reads every partial, the residual and the gain once and writes the
+    residual, y and the scales once: exactly the floor formula, split as :func:`sol_split` says."""
+    task, wl, args, names = _workload_args("allreduce_residual_rmsnorm", axes, params)
+    counts = bs.skeleton_bytes(task.spec.id, args, names, arith=level)
+    R, T, H = axes["R"], axes["T"], axes["H"]
+    for r in range(R):
+        assert counts[f"partials_{r}"]["read"] == counts[f"partials_{r}"]["read_requested"] == 2 * T * H
+    assert counts["residual"]["read"] == counts["residual"]["written"] == 2 * T * H
+    rd, wr = bs.sol_split(task.spec.id, wl.axes)
+    assert sum(v["read"] for k, v in counts.items() if k != "other") == rd
+    assert sum(v["written"] for k, v in counts.items() if k != "other") == wr
+    assert rd + wr == bs.sol_bytes(task, wl)
+    assert counts["other"]["read"] == counts["other"]["written"] == 0
+
+
+@pytest.mark.parametrize("rd,wr,programs", [(6000, 5000, 3), (4000, 9000, 5)])
+def test_flat_copy_moves_the_split_bytes(bs, rd, wr, programs):
+    """The contiguous copy reads ``rd`` and writes ``wr`` bytes, each element once, whatever the
+    program count (a partial last tile, more writes than reads)."""
+    call = bs.flat_copier(rd, wr, "cpu", programs, 1, block=256)
+    counts = bs.count_bytes(lambda: call(0), call.buffers)
+    assert counts["src"]["read"] == counts["src"]["read_requested"] == rd
+    assert counts["dst"]["written"] == wr
+    assert counts["other"]["read"] == counts["other"]["written"] == 0
