@@ -9,7 +9,8 @@ catches its bug, and a variant with the bug that must fail it.
   host data inside ``run`` is a host-to-device copy, which fails under the CUDA-graph capture
   the harness times decode workloads with. Run on ``meta`` tensors, any such copy is visible.
 * fused_moe_fp8_block ``scaled_mm_per_expert``: cuBLASLt reads the 128 x 128 weight scales with
-  a leading dimension of ``round_up(K/128, 4)``, whatever the tensor's strides; emulated here.
+  a leading dimension of ``round_up(K/128, 4)``, whatever the tensor's strides, while PyTorch
+  2.11 accepts only the stride K/128; both emulated here (K padded to a multiple of 4 blocks).
 * fused_moe_fp8_block ``bf16_fused_moe``: it must compute the task's function (both activation
   quantisations), not a bf16 layer on dequantised weights.
 """
@@ -202,20 +203,26 @@ def test_unpacked_codes_match_the_reference():
 MOE = "fused_moe_fp8_block"
 
 
-def _cublaslt_scaled_mm(a, b, scale_a, scale_b, out_dtype=None, strict=True, **_):
-    """CPU stand-in of ``torch._scaled_mm`` with 1 x 128 activation and 128 x 128 weight scales, as
-    cuBLASLt reads them: A scales ``[M, K/128]`` outer-dim-major, B scales at ``k + n * L4`` from
-    the data pointer (``L4 = round_up(K/128, 4)``) whatever the strides; PyTorch 2.11 rejects B
-    scales that are not K-contiguous with 16-byte aligned strides (``strict``; a build that
-    accepted them would read them with the same leading dimension)."""
+def _cublaslt_scaled_mm(a, b, scale_a, scale_b, out_dtype=None, check="2.11", **_):
+    """CPU stand-in of ``torch._scaled_mm`` with 1 x 128 activation and 128 x 128 weight scales.
+
+    PyTorch's check (``check``): ``scale_a [M, K/128]`` outer-dim-major (stride ``(1, M)``);
+    ``scale_b [K/128, N/128]`` K-contiguous with an N-block stride of ``K/128`` (PyTorch 2.11,
+    the H200's torch) or ``round_up(K/128, 4)`` (later releases); strides of size-1 dimensions
+    are not checked. A failure raises PyTorch's "Invalid scaling configuration". cuBLASLt then
+    reads the B scales at ``k + n * L4`` from the data pointer (``L4 = round_up(K/128, 4)``),
+    whatever the strides (past the allocation: NaN), and has no heuristic for M % 16 != 0."""
     M, K = a.shape
     N = b.shape[1]
     kb, nb = K // 128, N // 128
-    if scale_a.shape != (M, kb) or scale_a.stride() != (1, M):
-        raise RuntimeError("scale_a must be (M, K/128) outer-dim-major")
-    if scale_b.shape != (kb, nb) or (strict and (scale_b.stride(0) != 1 or scale_b.stride(1) % 4)):
-        raise RuntimeError("scale_b must be (K/128, N/128) near-inner-dim-major with 16-byte aligned strides")
     L4 = (kb + 3) // 4 * 4
+    ld = {"2.11": kb, "later": L4}[check]
+    sa_ok = scale_a.shape == (M, kb) and (M <= 1 or scale_a.stride(0) == 1) and (kb <= 1 or scale_a.stride(1) == M)
+    sb_ok = scale_b.shape == (kb, nb) and (kb <= 1 or scale_b.stride(0) == 1) and (nb <= 1 or scale_b.stride(1) == ld)
+    if not (sa_ok and sb_ok):
+        raise RuntimeError("Invalid scaling configuration.")
+    if M % 16:
+        raise RuntimeError("CUBLAS_STATUS_NOT_SUPPORTED: no heuristic for M % 16 != 0")
     flat = torch.empty(0, dtype=torch.float32).set_(scale_b.untyped_storage())     # the whole allocation
     flat = torch.cat([flat, torch.full((L4 * nb,), float("nan"))])                 # past its end: garbage
     sb = torch.as_strided(flat, (kb, nb), (1, L4), scale_b.storage_offset())
@@ -224,25 +231,53 @@ def _cublaslt_scaled_mm(a, b, scale_a, scale_b, out_dtype=None, strict=True, **_
     return (da @ db).to(out_dtype or torch.bfloat16)
 
 
-def test_scaled_mm_weight_scales_in_cublaslt_layout(tmp_path, monkeypatch):
-    """DeepSeek-V3-like blocks: GEMM1 K = 384 (3 blocks), GEMM2 K = I = 256 (2 blocks): neither a
-    multiple of 4, where the former ``w_s.t()`` was read wrongly."""
+@pytest.mark.parametrize("kb", [1, 2, 3, 4, 5, 12])
+def test_scaled_mm_operands_accepted_and_read_as_laid_out(kb):
+    """``blockwise_operands`` for K/128 = kb: accepted by PyTorch 2.11's check and the later one,
+    and cuBLASLt's reading gives the block-scaled product exactly. The two layouts of K/128 blocks
+    without K padding each fail where K/128 % 4 != 0: the plain view ``w_s.t()`` is accepted by
+    2.11 and read wrongly, the view of a zero-padded ``[N/128, L4]`` buffer (the former version)
+    is rejected by 2.11 (the H200's runtime_error)."""
+    ref = load_task(MOE).reference_module()
+    ops = _alt_module(MOE, "scaled_mm_per_expert").blockwise_operands
+    g = torch.Generator().manual_seed(kb)
+    M, N, K = 21, 256, 128 * kb
+    a, a_s = ref.quant_1x128(torch.randn(M, K, generator=g))
+    w, w_s = ref.quant_1x128(torch.randn(N, K, generator=g))
+    w_s = torch.rand(N // 128, kb, generator=g) + 0.5                      # 128 x 128 blocks
+    exp = ref.dequant_1x128(a, a_s) @ ref.dequant_block(w, w_s).t()
+    for check in ("2.11", "later"):
+        out = _cublaslt_scaled_mm(*ops(a, a_s, w, w_s), check=check)[:M].float()
+        assert torch.allclose(out, exp.to(torch.bfloat16).float(), rtol=1e-2, atol=1e-2 * exp.abs().max().item())
+    a16 = torch.cat([a.view(torch.uint8), torch.zeros(16 - M % 16, K, dtype=torch.uint8)]).view(torch.float8_e4m3fn)
+    s16 = torch.cat([a_s, torch.ones(16 - M % 16, kb)]).t().contiguous().t()
+    buf = torch.zeros(N // 128, (kb + 3) // 4 * 4)
+    buf[:, :kb] = w_s
+    plain, former = w_s.t(), buf[:, :kb].t()
+    if kb % 4 == 0:
+        return
+    if kb > 1:
+        with pytest.raises(RuntimeError, match="Invalid scaling configuration"):
+            _cublaslt_scaled_mm(a16, w.t(), s16, former, check="2.11")
+    wrong = _cublaslt_scaled_mm(a16, w.t(), s16, plain, check="2.11")[:M].float()
+    assert not torch.allclose(wrong, exp, rtol=5e-2, atol=5e-2 * exp.abs().max().item())
+
+
+def test_scaled_mm_per_expert_faithful_under_torch_2_11(tmp_path, monkeypatch):
+    """The whole alternative on a DeepSeek-V3-like shape (GEMM1 K = 384: 3 blocks, GEMM2 K = I =
+    256: 2 blocks, neither a multiple of 4) passes the task's checks under both checks; without
+    the K padding the 2.11 build accepts its operands and the output fails the checks."""
     task = load_task(MOE)
     ref = task.reference_module()
-    monkeypatch.setattr(torch, "_scaled_mm", _cublaslt_scaled_mm)
     inp = ref.make_inputs({"T": 24, "H": 384, "I": 256, "E": 4, "k": 2}, 0, "cpu")
     exp = ref.run(**inp)
-    out = _alt_module(MOE, "scaled_mm_per_expert").run(**inp)
-    assert _passes(MOE, "out", out, exp, ["T", "H"])
-    old = ("scale_b=weight_scales_for_cublaslt(w_s)", "scale_b=w_s.t()")
-    with pytest.raises(RuntimeError, match="16-byte aligned"):
-        _alt_module(MOE, "scaled_mm_per_expert", old, tmp_path).run(**inp)
-    retry = ("scale_b=weight_scales_for_cublaslt(w_s)", "scale_b=w_s.t().contiguous()")
-    with pytest.raises(RuntimeError, match="16-byte aligned"):
-        _alt_module(MOE, "scaled_mm_per_expert", retry, tmp_path).run(**inp)
-    # a build that accepted the plain view would read it with ld L4: wrong scales, wrong output
-    monkeypatch.setattr(torch, "_scaled_mm", functools.partial(_cublaslt_scaled_mm, strict=False))
-    out = _alt_module(MOE, "scaled_mm_per_expert", old, tmp_path).run(**inp)
+    for check in ("2.11", "later"):
+        monkeypatch.setattr(torch, "_scaled_mm", functools.partial(_cublaslt_scaled_mm, check=check))
+        out = _alt_module(MOE, "scaled_mm_per_expert").run(**inp)
+        assert _passes(MOE, "out", out, exp, ["T", "H"]), check
+    monkeypatch.setattr(torch, "_scaled_mm", functools.partial(_cublaslt_scaled_mm, check="2.11"))
+    no_k_pad = ("kp = -(-kb // K_BLOCK_MULTIPLE) * K_BLOCK_MULTIPLE", "kp = kb")
+    out = _alt_module(MOE, "scaled_mm_per_expert", no_k_pad, tmp_path).run(**inp)
     assert not _passes(MOE, "out", out, exp, ["T", "H"])
 
 
