@@ -225,3 +225,15 @@ def test_without_a_task_check_a_custom_output_never_counts_as_moved():
 
     assert parent._custom_rejects(NoCheck(), pristine, outputs, "ids") is False
     assert parent._custom_rejects(ref, pristine, outputs, "ids") is False  # its own outputs pass
+
+
+@pytest.mark.parametrize("shape", [(7,), (3, 4), (2, 3, 5), (1, 1, 9), (4, 1, 3, 2)])
+def test_the_description_names_the_element_torch_would(shape):
+    """The changed element's index in the description is row-major, as ``torch.unravel_index``
+    gives it (computed without torch: its first call imports sympy, seconds per process)."""
+    n = 1
+    for d in shape:
+        n *= d
+    for j in range(n):
+        assert parent._unravel(j, shape) == [int(k) for k in torch.unravel_index(torch.tensor(j), shape)]
+    assert parent._describe("x", shape, n - 1, 2, 1.0, 2.0) == f"x{[d - 1 for d in shape]} and the next 1 elements: 1 -> 2"

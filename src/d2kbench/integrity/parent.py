@@ -96,10 +96,20 @@ def _pick(args: list, spec_args: list, rng: secrets.SystemRandom):
     return label, orig, new, chosen.view(-1), spec_args[i].value_range
 
 
+def _unravel(j: int, shape: tuple) -> list[int]:
+    """The index of flat position ``j`` in a contiguous tensor of ``shape`` (row-major), in
+    plain integers (``torch.unravel_index`` imports sympy on its first call: seconds per process)."""
+    idx = []
+    for d in reversed(shape):
+        j, k = divmod(j, int(d))
+        idx.append(k)
+    return idx[::-1]
+
+
 def _describe(name: str, shape: tuple, j: int, n: int, old: float, now: float) -> str:
-    idx = tuple(int(k) for k in torch.unravel_index(torch.tensor(j), shape))
+    idx = _unravel(j, shape)
     more = f" and the next {n - 1} elements" if n > 1 else ""
-    return f"{name}{list(idx)}{more}: {old:.4g} -> {now:.4g}"
+    return f"{name}{idx}{more}: {old:.4g} -> {now:.4g}"
 
 
 def perturb(args: list, spec_args: list, rng: secrets.SystemRandom, factor: float) -> tuple[list, str] | None:

