@@ -42,6 +42,16 @@ for 3x the L2, like the worker):
     the shrink grid (row tiles x K splits: gathered x rows and the adapter's [BK, S R] A tiles)
     and the expand grid (row tiles x column blocks: the adapter's B tiles, y's gathered rows read
     and written back unchanged).
+  - topk_topp_sampling: the logits once and the four per-request parameters, one int64 id
+    written per row (the SOL bytes), no arithmetic, in the expert's grid (rows x splits of NT
+    tiles of TILE logits, ``expert._config``). ``row_program`` (extra row): the same bytes with
+    one program per row (B programs reading V logits each: the grid of a one-program-per-row
+    sampler, bounded by what one program streams, not by HBM). The expert taken apart (its own
+    kernel, launched like ``expert.run``): ``scan`` the full grid with the split count passed
+    as S + 1, so no program finalises (every split pass: tau estimate, online max and
+    denominator, candidate compaction, the arrival atomic), and ``finalise`` one program per
+    row that rescans split 0 and finalises the row (counters preset to S - 1) on the scratch a
+    ``scan`` call filled: expert ~ scan + the finaliser tail.
 
 * ``flat``: the same byte count read from one contiguous buffer (4 programs per SM, 16 KB
   tiles), the best any pattern could do with those bytes on this GPU.
@@ -110,6 +120,9 @@ WORKLOADS = [
     ("mla_decode_absorbed", "kimi_k2_tp4_b4_l128k"),
     ("cascade_prefix_decode", "qwen3_32b_sysprompt_n64"),
     ("lora_shrink_expand", "llama31_8b_gateup_decode_t256"),
+    ("topk_topp_sampling", "qwen3_b256_kp"),
+    ("topk_topp_sampling", "llama3_b128_kp"),
+    ("topk_topp_sampling", "dsv3_b64_k"),
 ]
 #: Workloads with a compute skeleton (a compute-bound bar).
 COMPUTE = [("mla_decode_absorbed", "dsv3_dp_b64_h128")]
@@ -118,7 +131,7 @@ COMPUTE = [("mla_decode_absorbed", "dsv3_dp_b64_h128")]
 #: entries: < 4 bytes per request more); lora counts slice_offsets' S + 1 entries, a kernel needs
 #: only the S - 1 inner boundaries (8 bytes fewer).
 SLACK = {"mla_decode_absorbed": lambda ax: 4 * ax["B"], "cascade_prefix_decode": lambda ax: 4 * ax["N"],
-         "lora_shrink_expand": lambda ax: 8}
+         "lora_shrink_expand": lambda ax: 8, "topk_topp_sampling": lambda ax: 0}
 H200_SMS = 132
 MEASURED_HBM_TBPS = 4.3   # replaced by d2kbench.scoring.sol.ceilings(gpu, "measured") where it knows the GPU
 MEASURED_BF16_TFLOPS = 790.0
@@ -453,6 +466,27 @@ def _flat_read(X, SINK, n, per_prog, BLOCK: tl.constexpr):
     _sink(SINK, pid, tl.sum(acc, 0))
 
 
+@triton.jit
+def _topk_read(X, T, K, P, U, IDS, SINK, V, stride_row, S, TILE: tl.constexpr, NT: tl.constexpr):
+    """Grid (B, S): program (row, split) reads the split's NT tiles of TILE logits of its row
+    (the sampler expert's chunking; S = 1 with NT = cdiv(V, TILE): one program per row) into a
+    sum; the row's last split reads the four parameters and writes the row's int64 id."""
+    row = tl.program_id(0).to(tl.int64)
+    sp = tl.program_id(1)
+    offs = tl.arange(0, TILE)
+    start = sp * (NT * TILE)
+    end = tl.minimum(start + NT * TILE, V)
+    acc = tl.zeros([TILE], dtype=tl.float32)
+    for t in range(NT):
+        idx = start + t * TILE + offs
+        acc += tl.load(X + row * stride_row + idx, mask=idx < end, other=0.0)
+    total = tl.sum(acc, 0)
+    _sink(SINK, row * S + sp, total)
+    if sp == S - 1:
+        par = tl.load(T + row) + tl.load(P + row) + tl.load(U + row) + tl.load(K + row).to(tl.float32)
+        tl.store(IDS + row, (par == 1.0e30).to(tl.int64))
+
+
 # ----------------------------------------------------------------------------------------------
 # launches (host code reads no tensor values: CUDA-graph capturable, compile-only on empty tensors)
 # ----------------------------------------------------------------------------------------------
@@ -646,8 +680,77 @@ def lora_skeleton(expert, args: list, sms: int) -> tuple[str, Callable[[], None]
     return what, call
 
 
+def topk_skeleton(expert, args: list, sms: int, row_program: bool = False) -> tuple[str, Callable[[], None]]:
+    """The sampler's read skeleton of one input set: the logits once and the four parameters,
+    one id written per row, no arithmetic. Default: the expert's grid (rows x splits of NT tiles
+    of TILE logits, its warps; ``expert._config``). ``row_program``: one program per row reads
+    its V logits (the grid of a one-program-per-row sampler: B programs on the SMs)."""
+    logits, temp, top_k, top_p, u = args
+    B, V = logits.shape
+    cfg = expert._config(B, V)
+    tile = cfg["TILE"]
+    s, nt = (1, triton.cdiv(V, tile)) if row_program else (cfg["S"], cfg["NT"])
+    ids = torch.empty(B, dtype=torch.int64, device=logits.device)
+    sink = _sink_buf(B * s, logits.device)
+
+    def call():
+        _topk_read[(B, s)](logits, temp, top_k, top_p, u, ids, sink, V, logits.stride(0), s, TILE=tile, NT=nt,
+                           num_warps=cfg["num_warps"])
+        return ids
+
+    call.outputs = {"ids": ids}  # type: ignore[attr-defined]
+    what = (f"one program per row ({B} programs), [{tile}] tiles, {cfg['num_warps']} warps" if row_program else
+            f"the expert's grid ({B} rows x {s} splits of {nt} x [{tile}] tiles), {cfg['num_warps']} warps")
+    return what, call
+
+
+def topk_expert_parts(expert, args: list, sms: int) -> dict[str, tuple[str, Callable[[], None]]]:
+    """The sampler expert's one kernel taken apart (its own code, launched as ``expert.run``
+    launches it, on the expert's scratch buffers):
+
+    * ``scan``: the full grid with the split count passed as S + 1, so that no program is the
+      last of its row: every split pass (tau estimate, online max and denominator, candidate
+      compaction, scratch stores, the arrival atomic), no finaliser;
+    * ``finalise``: one program per row (grid (B, 1)) with the row counters preset to S - 1:
+      each program scans split 0 again (rewriting what ``scan`` stored there, the same values)
+      and finalises the row on the scratch ``scan`` filled (merge, candidate checks, the pivot
+      searches, the inverse CDF; the full-row fallback where the expert takes it). Call
+      ``scan`` once on the same input set first.
+    """
+    logits, temp, top_k, top_p, u = args
+    B, V = logits.shape
+    dev = logits.device
+    cfg = expert._config(B, V)
+    s, s_pad, cap = cfg["S"], cfg["S_PAD"], cfg["CAP"]
+    ids = torch.empty(B, dtype=torch.int64, device=dev)
+    cand_x = torch.empty((B, s_pad, cap), dtype=torch.float32, device=dev)
+    cand_i = torch.empty((B, s_pad, cap), dtype=torch.int32, device=dev)
+    stats = torch.empty((B, s_pad, 3), dtype=torch.float32, device=dev)
+    counts = torch.empty((B, s_pad), dtype=torch.int32, device=dev)
+    sem = torch.zeros(B, dtype=torch.int32, device=dev)
+
+    def launch(s_arg: int, grid: tuple[int, int]):
+        expert._scan_and_sample_kernel[grid](
+            logits, temp, top_k, top_p, u, ids, cand_x, cand_i, stats, counts, sem, V, logits.stride(0),
+            cfg["c_sigma"], s_arg, TILE=cfg["TILE"], NT=cfg["NT"], S_PAD=s_pad, CAP=cap, FB_TILE=cfg["FB_TILE"],
+            num_warps=cfg["num_warps"], maxnreg=128)
+
+    def scan():
+        sem.zero_()
+        launch(s + 1, (B, s))
+
+    def finalise():
+        sem.fill_(s - 1)
+        launch(s, (B, 1))
+        return ids
+
+    return {"scan": (f"the expert's kernel, grid ({B} x {s}), no program finalises (S passed as {s + 1})", scan),
+            "finalise": (f"the expert's kernel, grid ({B} x 1): split 0 of each row and its finaliser "
+                         f"(counters preset to {s - 1})", finalise)}
+
+
 SKELETONS = {"mla_decode_absorbed": mla_skeleton, "cascade_prefix_decode": cascade_skeleton,
-             "lora_shrink_expand": lora_skeleton}
+             "lora_shrink_expand": lora_skeleton, "topk_topp_sampling": topk_skeleton}
 
 
 def flat_reader(nbytes: int, device, sms: int, n_sets: int) -> Callable[[int], None]:
@@ -760,7 +863,7 @@ def skeleton_bytes(task_id: str, args: list, names: list[str], sms: int = 4, **k
 
 #: ``--dry-run`` (CPU interpreter): a smoke workload stands in for each task's registered ones.
 DRY = {"mla_decode_absorbed": "smoke_b2_h80_two_blocks", "cascade_prefix_decode": "smoke_n6_h4x2_d32_p40",
-       "lora_shrink_expand": "smoke_t24_k64_s3_decode"}
+       "lora_shrink_expand": "smoke_t24_k64_s3_decode", "topk_topp_sampling": "smoke_b3_v1000_kp"}
 
 
 def _n_sets(args: list, l2: int) -> int:
@@ -840,11 +943,21 @@ def measure(only: list[str] | None = None, target_ms: float = 150.0, budget_s: f
         if task_id == "cascade_prefix_decode":
             split = [cascade_skeleton(expert, a, sms, split_prefix=True) for a in sets]
             row(task_id, wid, "skeleton_split", split[0][0], t(lambda i: split[i][1](), n_sets), nbytes)
+        if task_id == "topk_topp_sampling":
+            per_row = [topk_skeleton(expert, a, sms, row_program=True) for a in sets]
+            row(task_id, wid, "row_program", per_row[0][0], t(lambda i: per_row[i][1](), n_sets), nbytes)
         fsets = 1 if dry_run else max(n_sets, int(-(-3 * l2 // int(nbytes))))
         row(task_id, wid, "flat", f"contiguous read of the SOL bytes, {4 * sms} programs, {fsets} rotating buffers",
             t(flat_reader(int(nbytes), dev, sms, fsets), fsets), nbytes)
         tc_sol = evaluate_formula(task.spec.sol.counts(task.spec.sol.floor).tc_flops, wl.axes)
         row(task_id, wid, "expert", "the expert's run()", exp_ms, nbytes, flops=tc_sol or None)
+        if task_id == "topk_topp_sampling":
+            parts = [topk_expert_parts(expert, a, sms) for a in sets]
+            row(task_id, wid, "scan", parts[0]["scan"][0], t(lambda i: parts[i]["scan"][1](), n_sets), nbytes)
+            for p in parts:          # the scratch of every input set, for the finalisers
+                p["scan"][1]()
+            row(task_id, wid, "finalise", parts[0]["finalise"][0], t(lambda i: parts[i]["finalise"][1](), n_sets),
+                nbytes)
         compute = []
         if task_id == "cascade_prefix_decode":
             compute.append(("prefix_mma_softmax", cascade_prefix_compute(expert, sets[0], sms)))
@@ -947,6 +1060,9 @@ def compile_only() -> int:
             if kernel is not None:
                 kernel.best_config = cfg
             calls.append(("skeleton", SKELETONS[task_id](expert, args, c.H200_SMS)[1]))
+            if task_id == "topk_topp_sampling":
+                calls.append(("row_program", topk_skeleton(expert, args, c.H200_SMS, row_program=True)[1]))
+                calls += [(kind, call) for kind, (_, call) in topk_expert_parts(expert, args, c.H200_SMS).items()]
             if task_id == "cascade_prefix_decode":
                 calls.append(("skeleton_split", cascade_skeleton(expert, args, c.H200_SMS, split_prefix=True)[1]))
                 calls.append(("prefix_mma_softmax", cascade_prefix_compute(expert, args, c.H200_SMS)[1]))
