@@ -1028,23 +1028,22 @@ def _empty_args(task, wl) -> list:
     return out
 
 
-def compile_only() -> int:
+def compile_only(only: list[str] | None = None) -> int:
     """Compile every skeleton for sm_90 at the registered shapes without a GPU (devtools/
     compile_sm90.py's stand-in driver), for every config the expert's autotuner may choose
     (mla, cascade); returns the number of failed compiles. With ``TRITON_CACHE_DIR`` set, the
     cubins land there (a GPU run with the same Triton can reuse them)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import compile_sm90 as c  # noqa: PLC0415 - pops TRITON_INTERPRET, patches nothing yet
-    from triton.runtime import driver
-    from triton.runtime.jit import JITFunction
+    import compile_sm90 as c  # noqa: PLC0415 - changes nothing until install()
 
     from d2kbench.tasks import load_task
     from d2kbench.tasks.loader import import_file
 
-    driver.set_active(c.FakeDriver())
-    JITFunction.run = c._patched_run
+    c.install()
     failed = 0
     for task_id, wid in WORKLOADS:
+        if only and f"{task_id}/{wid}" not in only and task_id not in only:
+            continue
         task = load_task(task_id)
         expert = import_file(task.resolve_solution("expert"))
         wl = task.spec.workload(wid)
@@ -1094,7 +1093,7 @@ def main() -> int:
     ap.add_argument("--dry-run", action="store_true", help="host logic on the CPU (TRITON_INTERPRET=1, smoke workloads)")
     a = ap.parse_args()
     if a.compile_only:
-        return 1 if compile_only() else 0
+        return 1 if compile_only(a.only) else 0
 
     def write(res: dict) -> None:
         if a.json:
