@@ -51,7 +51,8 @@ for 3x the L2, like the worker):
     as S + 1, so no program finalises (every split pass: tau estimate, online max and
     denominator, candidate compaction, the arrival atomic), and ``finalise`` one program per
     row that rescans split 0 and finalises the row (counters preset to S - 1) on the scratch a
-    ``scan`` call filled: expert ~ scan + the finaliser tail.
+    ``scan`` call filled: expert ~ scan + the finaliser tail; ``split_pass`` the split pass as
+    a kernel of its own (no finaliser code compiled in: its own registers and occupancy).
 
 * ``flat``: the same byte count read from one contiguous buffer (4 programs per SM, 16 KB
   tiles), the best any pattern could do with those bytes on this GPU.
@@ -487,6 +488,61 @@ def _topk_read(X, T, K, P, U, IDS, SINK, V, stride_row, S, TILE: tl.constexpr, N
         tl.store(IDS + row, (par == 1.0e30).to(tl.int64))
 
 
+@triton.jit
+def _topk_split_pass(X, T, CX, CI, STAT, CNT, V, stride_row, c_sigma, S_PAD: tl.constexpr, CAP: tl.constexpr,
+                     TILE: tl.constexpr, NT: tl.constexpr):
+    """Grid (B, S): the sampler expert's split pass as a kernel of its own (no finaliser code in
+    the same kernel, so its registers and occupancy are the pass's own): the candidate threshold
+    from one tile (moments, then the moments with the head clipped at 3 sigma), one pass over the
+    chunk (online max and exp2 denominator, candidates compacted in vocabulary order), the
+    chunk's statistics and count stored (the expert's scratch layout)."""
+    row = tl.program_id(0).to(tl.int64)
+    sp = tl.program_id(1)
+    row_ptr = X + row * stride_row
+    s2 = 1.4426950408889634 / tl.load(T + row)
+    offs = tl.arange(0, TILE)
+    start = sp * (NT * TILE)
+    end = tl.minimum(start + NT * TILE, V)
+    est = tl.maximum(tl.minimum(start, V - TILE), 0)
+    x0 = tl.load(row_ptr + est + offs, mask=est + offs < V, other=float("-inf"))
+    f0 = x0 > float("-inf")
+    y0 = tl.where(f0, x0, 0.0)
+    n0 = tl.maximum(tl.sum(f0.to(tl.float32), axis=0), 1.0)
+    mu0 = tl.sum(y0, axis=0) / n0
+    sd0 = tl.sqrt(tl.maximum(tl.sum(y0 * y0, axis=0) / n0 - mu0 * mu0, 0.0))
+    f1 = f0 & (x0 <= mu0 + 3.0 * sd0)
+    y1 = tl.where(f1, x0, 0.0)
+    n1 = tl.sum(f1.to(tl.float32), axis=0)
+    mu = tl.sum(y1, axis=0) / tl.maximum(n1, 1.0)
+    sd = tl.sqrt(tl.maximum(tl.sum(y1 * y1, axis=0) / tl.maximum(n1, 1.0) - mu * mu, 0.0))
+    tau = tl.where(n1 >= 16.0, mu + c_sigma * sd, float("-inf"))
+    m_run = s2 * 0.0 - float("inf")
+    z_run = s2 * 0.0
+    cnt = sp * 0
+    cbase = (row * S_PAD + sp) * CAP
+    for t in range(NT):
+        idx = start + t * TILE + offs
+        inb = idx < end
+        x = tl.load(row_ptr + idx, mask=inb, other=float("-inf"))
+        m_new = tl.maximum(m_run, tl.max(x, axis=0))
+        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
+        z_run = z_run * tl.exp2((m_run - m_safe) * s2) + tl.sum(tl.exp2((x - m_safe) * s2), axis=0)
+        m_run = m_new
+        sel = inb & (x >= tau) & (x > float("-inf"))
+        nsel = tl.sum(sel.to(tl.int32), axis=0)
+        if nsel > 0:
+            pos = cnt + tl.cumsum(sel.to(tl.int32), axis=0) - 1
+            ok = sel & (pos < CAP)
+            tl.store(CX + cbase + pos, x, mask=ok)
+            tl.store(CI + cbase + pos, idx, mask=ok)
+        cnt += nsel
+    sbase = (row * S_PAD + sp) * 3
+    tl.store(STAT + sbase, m_run)
+    tl.store(STAT + sbase + 1, z_run)
+    tl.store(STAT + sbase + 2, tau)
+    tl.store(CNT + row * S_PAD + sp, cnt)
+
+
 # ----------------------------------------------------------------------------------------------
 # launches (host code reads no tensor values: CUDA-graph capturable, compile-only on empty tensors)
 # ----------------------------------------------------------------------------------------------
@@ -715,7 +771,10 @@ def topk_expert_parts(expert, args: list, sms: int) -> dict[str, tuple[str, Call
       each program scans split 0 again (rewriting what ``scan`` stored there, the same values)
       and finalises the row on the scratch ``scan`` filled (merge, candidate checks, the pivot
       searches, the inverse CDF; the full-row fallback where the expert takes it). Call
-      ``scan`` once on the same input set first.
+      ``scan`` once on the same input set first;
+    * ``split_pass``: the split pass alone as a kernel of its own (:func:`_topk_split_pass`, no
+      finaliser code compiled in: the registers and occupancy of a two-launch design's first
+      launch).
     """
     logits, temp, top_k, top_p, u = args
     B, V = logits.shape
@@ -744,9 +803,17 @@ def topk_expert_parts(expert, args: list, sms: int) -> dict[str, tuple[str, Call
         launch(s, (B, 1))
         return ids
 
+    finalise.scratch = (cand_x, cand_i, stats, counts)  # type: ignore[attr-defined]
+
+    def split_pass():
+        _topk_split_pass[(B, s)](logits, temp, cand_x, cand_i, stats, counts, V, logits.stride(0), cfg["c_sigma"],
+                                 S_PAD=s_pad, CAP=cap, TILE=cfg["TILE"], NT=cfg["NT"], num_warps=cfg["num_warps"])
+
     return {"scan": (f"the expert's kernel, grid ({B} x {s}), no program finalises (S passed as {s + 1})", scan),
             "finalise": (f"the expert's kernel, grid ({B} x 1): split 0 of each row and its finaliser "
-                         f"(counters preset to {s - 1})", finalise)}
+                         f"(counters preset to {s - 1})", finalise),
+            "split_pass": (f"the expert's split pass as a kernel of its own (grid ({B} x {s}), no finaliser code: "
+                           "its own registers and occupancy)", split_pass)}
 
 
 SKELETONS = {"mla_decode_absorbed": mla_skeleton, "cascade_prefix_decode": cascade_skeleton,
@@ -958,6 +1025,8 @@ def measure(only: list[str] | None = None, target_ms: float = 150.0, budget_s: f
                 p["scan"][1]()
             row(task_id, wid, "finalise", parts[0]["finalise"][0], t(lambda i: parts[i]["finalise"][1](), n_sets),
                 nbytes)
+            row(task_id, wid, "split_pass", parts[0]["split_pass"][0],
+                t(lambda i: parts[i]["split_pass"][1](), n_sets), nbytes)
         compute = []
         if task_id == "cascade_prefix_decode":
             compute.append(("prefix_mma_softmax", cascade_prefix_compute(expert, sets[0], sms)))

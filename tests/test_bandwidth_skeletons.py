@@ -177,3 +177,16 @@ def test_topk_expert_parts_are_the_expert(bs):
     assert counts["logits"]["read"] == 4 * wl.axes["B"] * wl.axes["V"]
     assert counts["top_k"]["read"] == counts["top_p"]["read"] == counts["uniforms"]["read"] == 0   # no finaliser
     assert torch.equal(parts["finalise"][1](), ids)
+    # the split pass as its own kernel fills the scratch exactly as the expert's kernel does
+    S = expert._config(wl.axes["B"], wl.axes["V"])["S"]
+    cx, ci, stats, cnt = (t.clone() for t in parts["finalise"][1].scratch)
+    own = bs.topk_expert_parts(expert, args, 4)
+    for buf in own["finalise"][1].scratch:
+        buf.fill_(-1)
+    own["split_pass"][1]()
+    cx2, ci2, stats2, cnt2 = own["finalise"][1].scratch
+    assert S > 1 and torch.equal(cnt2[:, :S], cnt[:, :S]) and torch.equal(stats2[:, :S], stats[:, :S])
+    live = torch.arange(cx.shape[2])[None, None, :] < cnt[:, :, None].clamp(max=cx.shape[2])
+    live[:, S:] = False
+    assert int(live.sum()) > 0 and torch.equal(cx2[live], cx[live]) and torch.equal(ci2[live], ci[live])
+    assert torch.equal(own["finalise"][1](), ids)
