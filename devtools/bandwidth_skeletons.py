@@ -52,7 +52,10 @@ for 3x the L2, like the worker):
     denominator, candidate compaction, the arrival atomic), and ``finalise`` one program per
     row that rescans split 0 and finalises the row (counters preset to S - 1) on the scratch a
     ``scan`` call filled: expert ~ scan + the finaliser tail; ``split_pass`` the split pass as
-    a kernel of its own (no finaliser code compiled in: its own registers and occupancy).
+    a kernel of its own (no finaliser code compiled in: its own registers and occupancy),
+    ``split_pass_small_tile`` the same in 1024-logit tiles with 4 warps (fewer registers per
+    thread, more programs per SM), ``split_pass_prefetch`` that with the next tile's load issued
+    before the current tile's reductions.
 
 * ``flat``: the same byte count read from one contiguous buffer (4 programs per SM, 16 KB
   tiles), the best any pattern could do with those bytes on this GPU.
@@ -134,6 +137,8 @@ COMPUTE = [("mla_decode_absorbed", "dsv3_dp_b64_h128")]
 SLACK = {"mla_decode_absorbed": lambda ax: 4 * ax["B"], "cascade_prefix_decode": lambda ax: 4 * ax["N"],
          "lora_shrink_expand": lambda ax: 8, "topk_topp_sampling": lambda ax: 0}
 H200_SMS = 132
+#: Tile (logits per loop step) of the sampler's ``split_pass_small_tile`` skeleton.
+SMALL_TILE = 1024
 MEASURED_HBM_TBPS = 4.3   # replaced by d2kbench.scoring.sol.ceilings(gpu, "measured") where it knows the GPU
 MEASURED_BF16_TFLOPS = 790.0
 
@@ -490,12 +495,13 @@ def _topk_read(X, T, K, P, U, IDS, SINK, V, stride_row, S, TILE: tl.constexpr, N
 
 @triton.jit
 def _topk_split_pass(X, T, CX, CI, STAT, CNT, V, stride_row, c_sigma, S_PAD: tl.constexpr, CAP: tl.constexpr,
-                     TILE: tl.constexpr, NT: tl.constexpr):
+                     TILE: tl.constexpr, NT: tl.constexpr, PREFETCH: tl.constexpr):
     """Grid (B, S): the sampler expert's split pass as a kernel of its own (no finaliser code in
     the same kernel, so its registers and occupancy are the pass's own): the candidate threshold
     from one tile (moments, then the moments with the head clipped at 3 sigma), one pass over the
     chunk (online max and exp2 denominator, candidates compacted in vocabulary order), the
-    chunk's statistics and count stored (the expert's scratch layout)."""
+    chunk's statistics and count stored (the expert's scratch layout). ``PREFETCH``: the next
+    tile's load is issued before the current tile's reductions (one tile in flight during them)."""
     row = tl.program_id(0).to(tl.int64)
     sp = tl.program_id(1)
     row_ptr = X + row * stride_row
@@ -520,10 +526,17 @@ def _topk_split_pass(X, T, CX, CI, STAT, CNT, V, stride_row, c_sigma, S_PAD: tl.
     z_run = s2 * 0.0
     cnt = sp * 0
     cbase = (row * S_PAD + sp) * CAP
+    x_next = tl.full([TILE], float("-inf"), tl.float32)
+    if PREFETCH:
+        x_next = tl.load(row_ptr + start + offs, mask=start + offs < end, other=float("-inf"))
     for t in range(NT):
         idx = start + t * TILE + offs
         inb = idx < end
-        x = tl.load(row_ptr + idx, mask=inb, other=float("-inf"))
+        if PREFETCH:
+            x = x_next
+            x_next = tl.load(row_ptr + idx + TILE, mask=idx + TILE < end, other=float("-inf"))
+        else:
+            x = tl.load(row_ptr + idx, mask=inb, other=float("-inf"))
         m_new = tl.maximum(m_run, tl.max(x, axis=0))
         m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
         z_run = z_run * tl.exp2((m_run - m_safe) * s2) + tl.sum(tl.exp2((x - m_safe) * s2), axis=0)
@@ -774,7 +787,10 @@ def topk_expert_parts(expert, args: list, sms: int) -> dict[str, tuple[str, Call
       ``scan`` once on the same input set first;
     * ``split_pass``: the split pass alone as a kernel of its own (:func:`_topk_split_pass`, no
       finaliser code compiled in: the registers and occupancy of a two-launch design's first
-      launch).
+      launch); ``split_pass_small_tile`` the same pass over the same chunks in
+      :data:`SMALL_TILE`-logit tiles with 4 warps (the register footprint per thread, and so the
+      programs per SM, of a smaller tile); ``split_pass_prefetch`` that with the next tile's load
+      issued before the current tile's reductions.
     """
     logits, temp, top_k, top_p, u = args
     B, V = logits.shape
@@ -805,15 +821,23 @@ def topk_expert_parts(expert, args: list, sms: int) -> dict[str, tuple[str, Call
 
     finalise.scratch = (cand_x, cand_i, stats, counts)  # type: ignore[attr-defined]
 
-    def split_pass():
+    def split_pass(tile: int = cfg["TILE"], warps: int = cfg["num_warps"], prefetch: bool = False):
         _topk_split_pass[(B, s)](logits, temp, cand_x, cand_i, stats, counts, V, logits.stride(0), cfg["c_sigma"],
-                                 S_PAD=s_pad, CAP=cap, TILE=cfg["TILE"], NT=cfg["NT"], num_warps=cfg["num_warps"])
+                                 S_PAD=s_pad, CAP=cap, TILE=tile, NT=cfg["NT"] * cfg["TILE"] // tile, PREFETCH=prefetch,
+                                 num_warps=warps)
+
+    small = min(cfg["TILE"], SMALL_TILE)
 
     return {"scan": (f"the expert's kernel, grid ({B} x {s}), no program finalises (S passed as {s + 1})", scan),
             "finalise": (f"the expert's kernel, grid ({B} x 1): split 0 of each row and its finaliser "
                          f"(counters preset to {s - 1})", finalise),
             "split_pass": (f"the expert's split pass as a kernel of its own (grid ({B} x {s}), no finaliser code: "
-                           "its own registers and occupancy)", split_pass)}
+                           "its own registers and occupancy)", split_pass),
+            "split_pass_small_tile": (f"the same split pass over the same chunks in [{small}] tiles, 4 warps "
+                                      "(fewer registers per thread: more programs per SM)",
+                                      functools.partial(split_pass, small, 4)),
+            "split_pass_prefetch": (f"the same in [{small}] tiles, 4 warps, the next tile loaded before the current "
+                                    "tile's reductions", functools.partial(split_pass, small, 4, True))}
 
 
 SKELETONS = {"mla_decode_absorbed": mla_skeleton, "cascade_prefix_decode": cascade_skeleton,
@@ -1025,8 +1049,8 @@ def measure(only: list[str] | None = None, target_ms: float = 150.0, budget_s: f
                 p["scan"][1]()
             row(task_id, wid, "finalise", parts[0]["finalise"][0], t(lambda i: parts[i]["finalise"][1](), n_sets),
                 nbytes)
-            row(task_id, wid, "split_pass", parts[0]["split_pass"][0],
-                t(lambda i: parts[i]["split_pass"][1](), n_sets), nbytes)
+            for kind in ("split_pass", "split_pass_small_tile", "split_pass_prefetch"):
+                row(task_id, wid, kind, parts[0][kind][0], t(lambda i, kind=kind: parts[i][kind][1](), n_sets), nbytes)
         compute = []
         if task_id == "cascade_prefix_decode":
             compute.append(("prefix_mma_softmax", cascade_prefix_compute(expert, sets[0], sms)))

@@ -190,3 +190,13 @@ def test_topk_expert_parts_are_the_expert(bs):
     live[:, S:] = False
     assert int(live.sum()) > 0 and torch.equal(cx2[live], cx[live]) and torch.equal(ci2[live], ci[live])
     assert torch.equal(own["finalise"][1](), ids)
+    # smaller tiles (another threshold estimate: other candidates, the same ids), with and without
+    # the prefetch of the next tile: the same scratch
+    got = []
+    for kind in ("split_pass_small_tile", "split_pass_prefetch"):
+        for buf in own["finalise"][1].scratch:
+            buf.fill_(-1)
+        own[kind][1]()
+        got.append([t.clone() for t in own["finalise"][1].scratch])
+        assert torch.equal(own["finalise"][1](), ids)
+    assert all(torch.equal(a, b) for a, b in zip(*got))
