@@ -77,7 +77,7 @@ suffix stream on the same SMs).
 Usage (repo root)::
 
     PYTHONPATH=src python3 devtools/bandwidth_skeletons.py [--only TASK/WORKLOAD ...] [--budget-s 100]
-        [--json FILE] [--markdown FILE]          # a GPU
+        [--candidate SOLUTION.py ...] [--json FILE] [--markdown FILE]          # a GPU
     PYTHONPATH=src TRITON_INTERPRET=1 python devtools/bandwidth_skeletons.py --dry-run   # host logic, CPU
     PYTHONPATH=src python devtools/bandwidth_skeletons.py --compile-only   # no GPU: sm_90 compile
 
@@ -965,12 +965,15 @@ def _n_sets(args: list, l2: int) -> int:
 
 
 def measure(only: list[str] | None = None, target_ms: float = 150.0, budget_s: float | None = None,
-            on_workload: Callable[[dict], None] | None = None, dry_run: bool = False) -> dict:
+            on_workload: Callable[[dict], None] | None = None, dry_run: bool = False,
+            candidates: list[str] | None = None) -> dict:
     """Graph-timed per-call medians of the skeletons, flat reads, compute skeletons and experts;
     GPU only. A workload is started only while ``budget_s`` (seconds since the call) leaves room
     (the rest get a ``skipped`` row); ``on_workload(result so far)`` runs after each workload.
     ``dry_run``: the host logic on the CPU (interpreter, :data:`DRY` smoke workloads, each call
-    run once and reported as 1 ms).
+    run once and reported as 1 ms). ``candidates``: solution files of the selected task(s) timed
+    like the expert (row ``candidate:<file stem>``; timing only, their correctness is checked
+    elsewhere).
 
     Raises:
         RuntimeError: no GPU.
@@ -1042,6 +1045,10 @@ def measure(only: list[str] | None = None, target_ms: float = 150.0, budget_s: f
             t(flat_reader(int(nbytes), dev, sms, fsets), fsets), nbytes)
         tc_sol = evaluate_formula(task.spec.sol.counts(task.spec.sol.floor).tc_flops, wl.axes)
         row(task_id, wid, "expert", "the expert's run()", exp_ms, nbytes, flops=tc_sol or None)
+        for path in candidates or []:
+            cand = import_file(Path(path), f"candidate_{Path(path).stem}")
+            row(task_id, wid, f"candidate:{Path(path).stem}", f"{path}: its run()",
+                t(lambda i, cand=cand: cand.run(*sets[i]), n_sets), nbytes, flops=tc_sol or None)
         if task_id == "topk_topp_sampling":
             parts = [topk_expert_parts(expert, a, sms) for a in sets]
             row(task_id, wid, "scan", parts[0]["scan"][0], t(lambda i: parts[i]["scan"][1](), n_sets), nbytes)
@@ -1121,7 +1128,7 @@ def _empty_args(task, wl) -> list:
     return out
 
 
-def compile_only(only: list[str] | None = None) -> int:
+def compile_only(only: list[str] | None = None, candidates: list[str] | None = None) -> int:
     """Compile every skeleton for sm_90 at the registered shapes without a GPU (devtools/
     compile_sm90.py's stand-in driver), for every config the expert's autotuner may choose
     (mla, cascade); returns the number of failed compiles. With ``TRITON_CACHE_DIR`` set, the
@@ -1164,6 +1171,9 @@ def compile_only(only: list[str] | None = None) -> int:
                     calls.append(("mma_softmax" if sm else "mma", mla_compute(expert, args, c.H200_SMS, sm)[1]))
         flat = flat_reader(int(sol_bytes(task, wl)), "cpu", c.H200_SMS, 1)   # calloc: no pages touched
         calls.append(("flat", functools.partial(flat, 0)))
+        for path in candidates or []:
+            cand = import_file(Path(path), f"candidate_{Path(path).stem}")
+            calls.append((f"candidate:{Path(path).stem}", functools.partial(cand.run, *args)))
         for name, call in calls:
             c.LAUNCHES.clear()
             call()
@@ -1182,11 +1192,12 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, help="start no workload after this many seconds")
     ap.add_argument("--json")
     ap.add_argument("--markdown")
+    ap.add_argument("--candidate", nargs="+", default=[], help="solution files timed like the expert (timing only)")
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--dry-run", action="store_true", help="host logic on the CPU (TRITON_INTERPRET=1, smoke workloads)")
     a = ap.parse_args()
     if a.compile_only:
-        return 1 if compile_only(a.only) else 0
+        return 1 if compile_only(a.only, a.candidate) else 0
 
     def write(res: dict) -> None:
         if a.json:
@@ -1194,7 +1205,7 @@ def main() -> int:
         if a.markdown:
             Path(a.markdown).write_text(markdown(res))
 
-    res = measure(a.only, a.target_ms, a.budget_s, on_workload=write, dry_run=a.dry_run)
+    res = measure(a.only, a.target_ms, a.budget_s, on_workload=write, dry_run=a.dry_run, candidates=a.candidate)
     write(res)
     print(markdown(res))
     return 0 if all(r["kind"] != "error" for r in res["rows"]) else 1
