@@ -54,6 +54,20 @@ for 3x the L2, like the worker):
     ``skeleton_quant`` + the expert's quantiser (group amax, correctly rounded scale, y / s,
     clamp, FP8 conversion), ``skeleton_quant_rcp`` that quantiser with y * (1 / s). The bytes are
     the same at every level: the rows separate the pattern from the arithmetic.
+  - topk_topp_sampling: the logits once and the four per-request parameters, one int64 id
+    written per row (the SOL bytes), no arithmetic, in the expert's grid (rows x splits of NT
+    tiles of TILE logits, ``expert._config``). ``row_program`` (extra row): the same bytes with
+    one program per row (B programs reading V logits each: the grid of a one-program-per-row
+    sampler, bounded by what one program streams, not by HBM). The expert taken apart (its own
+    kernel, launched like ``expert.run``): ``scan`` the full grid with the split count passed
+    as S + 1, so no program finalises (every split pass: tau estimate, online max and
+    denominator, candidate compaction, the arrival atomic), and ``finalise`` one program per
+    row that rescans split 0 and finalises the row (counters preset to S - 1) on the scratch a
+    ``scan`` call filled: expert ~ scan + the finaliser tail; ``split_pass`` the split pass as
+    a kernel of its own (no finaliser code compiled in: its own registers and occupancy),
+    ``split_pass_small_tile`` the same in 1024-logit tiles with 4 warps (fewer registers per
+    thread, more programs per SM), ``split_pass_prefetch`` that with the next tile's load issued
+    before the current tile's reductions.
 
 * ``flat``: the same byte count read from one contiguous buffer (4 programs per SM, 16 KB
   tiles), the best any pattern could do with those bytes on this GPU.
@@ -85,7 +99,7 @@ suffix stream on the same SMs).
 Usage (repo root)::
 
     PYTHONPATH=src python3 devtools/bandwidth_skeletons.py [--only TASK/WORKLOAD ...] [--budget-s 100]
-        [--json FILE] [--markdown FILE]          # a GPU
+        [--candidate SOLUTION.py ...] [--json FILE] [--markdown FILE]          # a GPU
     PYTHONPATH=src TRITON_INTERPRET=1 python devtools/bandwidth_skeletons.py --dry-run   # host logic, CPU
     PYTHONPATH=src python devtools/bandwidth_skeletons.py --compile-only   # no GPU: sm_90 compile
 
@@ -135,6 +149,9 @@ WORKLOADS = [
     ("fused_qkv_norm_rope_cache", "qwen3_8b_decode_t256"),
     ("allreduce_residual_rmsnorm", "dsv3_tp8_t2048_fp8g128"),
     ("allreduce_residual_rmsnorm", "llama31_70b_tp8_t4096"),    # passes (91%): the bf16 contrast
+    ("topk_topp_sampling", "qwen3_b256_kp"),
+    ("topk_topp_sampling", "llama3_b128_kp"),
+    ("topk_topp_sampling", "dsv3_b64_k"),
 ]
 #: Workloads with a compute skeleton (a compute-bound bar).
 COMPUTE = [("mla_decode_absorbed", "dsv3_dp_b64_h128")]
@@ -143,7 +160,8 @@ COMPUTE = [("mla_decode_absorbed", "dsv3_dp_b64_h128")]
 #: entries: < 4 bytes per request more); lora counts slice_offsets' S + 1 entries, a kernel needs
 #: only the S - 1 inner boundaries (8 bytes fewer).
 SLACK = {"mla_decode_absorbed": lambda ax: 4 * ax["B"], "cascade_prefix_decode": lambda ax: 4 * ax["N"],
-         "lora_shrink_expand": lambda ax: 8, "allreduce_residual_rmsnorm": lambda ax: 0}
+         "lora_shrink_expand": lambda ax: 8, "allreduce_residual_rmsnorm": lambda ax: 0,
+         "topk_topp_sampling": lambda ax: 0}
 #: Tasks whose rows include contiguous copies of the SOL bytes (reads and writes as the SOL
 #: model splits them, :func:`sol_split`): in the benchmark's input sets (``flat_copy_sets``: the
 #: expert's rotation; one set when the arguments exceed the L2, as the 0.5 GB KV pools of the
@@ -154,6 +172,8 @@ COPY_TASKS = ("fused_qkv_norm_rope_cache", "allreduce_residual_rmsnorm")
 #: 16x the bytes (the fixed cost of one launch: the intercept of time over bytes).
 RAMP_TASKS = ("fused_qkv_norm_rope_cache",)
 H200_SMS = 132
+#: Tile (logits per loop step) of the sampler's ``split_pass_small_tile`` skeleton.
+SMALL_TILE = 1024
 MEASURED_HBM_TBPS = 4.3   # replaced by d2kbench.scoring.sol.ceilings(gpu, "measured") where it knows the GPU
 MEASURED_BF16_TFLOPS = 790.0
 
@@ -616,6 +636,90 @@ def _flat_copy(SRC, DST, n_read, n_write, per_prog, BLOCK: tl.constexpr):
         tl.store(DST + idx, x, mask=inside & (idx < n_write))
 
 
+@triton.jit
+def _topk_read(X, T, K, P, U, IDS, SINK, V, stride_row, S, TILE: tl.constexpr, NT: tl.constexpr):
+    """Grid (B, S): program (row, split) reads the split's NT tiles of TILE logits of its row
+    (the sampler expert's chunking; S = 1 with NT = cdiv(V, TILE): one program per row) into a
+    sum; the row's last split reads the four parameters and writes the row's int64 id."""
+    row = tl.program_id(0).to(tl.int64)
+    sp = tl.program_id(1)
+    offs = tl.arange(0, TILE)
+    start = sp * (NT * TILE)
+    end = tl.minimum(start + NT * TILE, V)
+    acc = tl.zeros([TILE], dtype=tl.float32)
+    for t in range(NT):
+        idx = start + t * TILE + offs
+        acc += tl.load(X + row * stride_row + idx, mask=idx < end, other=0.0)
+    total = tl.sum(acc, 0)
+    _sink(SINK, row * S + sp, total)
+    if sp == S - 1:
+        par = tl.load(T + row) + tl.load(P + row) + tl.load(U + row) + tl.load(K + row).to(tl.float32)
+        tl.store(IDS + row, (par == 1.0e30).to(tl.int64))
+
+
+@triton.jit
+def _topk_split_pass(X, T, CX, CI, STAT, CNT, V, stride_row, c_sigma, S_PAD: tl.constexpr, CAP: tl.constexpr,
+                     TILE: tl.constexpr, NT: tl.constexpr, PREFETCH: tl.constexpr):
+    """Grid (B, S): the sampler expert's split pass as a kernel of its own (no finaliser code in
+    the same kernel, so its registers and occupancy are the pass's own): the candidate threshold
+    from one tile (moments, then the moments with the head clipped at 3 sigma), one pass over the
+    chunk (online max and exp2 denominator, candidates compacted in vocabulary order), the
+    chunk's statistics and count stored (the expert's scratch layout). ``PREFETCH``: the next
+    tile's load is issued before the current tile's reductions (one tile in flight during them)."""
+    row = tl.program_id(0).to(tl.int64)
+    sp = tl.program_id(1)
+    row_ptr = X + row * stride_row
+    s2 = 1.4426950408889634 / tl.load(T + row)
+    offs = tl.arange(0, TILE)
+    start = sp * (NT * TILE)
+    end = tl.minimum(start + NT * TILE, V)
+    est = tl.maximum(tl.minimum(start, V - TILE), 0)
+    x0 = tl.load(row_ptr + est + offs, mask=est + offs < V, other=float("-inf"))
+    f0 = x0 > float("-inf")
+    y0 = tl.where(f0, x0, 0.0)
+    n0 = tl.maximum(tl.sum(f0.to(tl.float32), axis=0), 1.0)
+    mu0 = tl.sum(y0, axis=0) / n0
+    sd0 = tl.sqrt(tl.maximum(tl.sum(y0 * y0, axis=0) / n0 - mu0 * mu0, 0.0))
+    f1 = f0 & (x0 <= mu0 + 3.0 * sd0)
+    y1 = tl.where(f1, x0, 0.0)
+    n1 = tl.sum(f1.to(tl.float32), axis=0)
+    mu = tl.sum(y1, axis=0) / tl.maximum(n1, 1.0)
+    sd = tl.sqrt(tl.maximum(tl.sum(y1 * y1, axis=0) / tl.maximum(n1, 1.0) - mu * mu, 0.0))
+    tau = tl.where(n1 >= 16.0, mu + c_sigma * sd, float("-inf"))
+    m_run = s2 * 0.0 - float("inf")
+    z_run = s2 * 0.0
+    cnt = sp * 0
+    cbase = (row * S_PAD + sp) * CAP
+    x_next = tl.full([TILE], float("-inf"), tl.float32)
+    if PREFETCH:
+        x_next = tl.load(row_ptr + start + offs, mask=start + offs < end, other=float("-inf"))
+    for t in range(NT):
+        idx = start + t * TILE + offs
+        inb = idx < end
+        if PREFETCH:
+            x = x_next
+            x_next = tl.load(row_ptr + idx + TILE, mask=idx + TILE < end, other=float("-inf"))
+        else:
+            x = tl.load(row_ptr + idx, mask=inb, other=float("-inf"))
+        m_new = tl.maximum(m_run, tl.max(x, axis=0))
+        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
+        z_run = z_run * tl.exp2((m_run - m_safe) * s2) + tl.sum(tl.exp2((x - m_safe) * s2), axis=0)
+        m_run = m_new
+        sel = inb & (x >= tau) & (x > float("-inf"))
+        nsel = tl.sum(sel.to(tl.int32), axis=0)
+        if nsel > 0:
+            pos = cnt + tl.cumsum(sel.to(tl.int32), axis=0) - 1
+            ok = sel & (pos < CAP)
+            tl.store(CX + cbase + pos, x, mask=ok)
+            tl.store(CI + cbase + pos, idx, mask=ok)
+        cnt += nsel
+    sbase = (row * S_PAD + sp) * 3
+    tl.store(STAT + sbase, m_run)
+    tl.store(STAT + sbase + 1, z_run)
+    tl.store(STAT + sbase + 2, tau)
+    tl.store(CNT + row * S_PAD + sp, cnt)
+
+
 # ----------------------------------------------------------------------------------------------
 # launches (host code reads no tensor values: CUDA-graph capturable, compile-only on empty tensors)
 # ----------------------------------------------------------------------------------------------
@@ -921,9 +1025,100 @@ def torch_copier(nbytes: int, device, n_sets: int) -> Callable[[int], None]:
     return call
 
 
+def topk_skeleton(expert, args: list, sms: int, row_program: bool = False) -> tuple[str, Callable[[], None]]:
+    """The sampler's read skeleton of one input set: the logits once and the four parameters,
+    one id written per row, no arithmetic. Default: the expert's grid (rows x splits of NT tiles
+    of TILE logits, its warps; ``expert._config``). ``row_program``: one program per row reads
+    its V logits (the grid of a one-program-per-row sampler: B programs on the SMs)."""
+    logits, temp, top_k, top_p, u = args
+    B, V = logits.shape
+    cfg = expert._config(B, V)
+    tile = cfg["TILE"]
+    s, nt = (1, triton.cdiv(V, tile)) if row_program else (cfg["S"], cfg["NT"])
+    ids = torch.empty(B, dtype=torch.int64, device=logits.device)
+    sink = _sink_buf(B * s, logits.device)
+
+    def call():
+        _topk_read[(B, s)](logits, temp, top_k, top_p, u, ids, sink, V, logits.stride(0), s, TILE=tile, NT=nt,
+                           num_warps=cfg["num_warps"])
+        return ids
+
+    call.outputs = {"ids": ids}  # type: ignore[attr-defined]
+    what = (f"one program per row ({B} programs), [{tile}] tiles, {cfg['num_warps']} warps" if row_program else
+            f"the expert's grid ({B} rows x {s} splits of {nt} x [{tile}] tiles), {cfg['num_warps']} warps")
+    return what, call
+
+
+def topk_expert_parts(expert, args: list, sms: int) -> dict[str, tuple[str, Callable[[], None]]]:
+    """The sampler expert's one kernel taken apart (its own code, launched as ``expert.run``
+    launches it, on the expert's scratch buffers):
+
+    * ``scan``: the full grid with the split count passed as S + 1, so that no program is the
+      last of its row: every split pass (tau estimate, online max and denominator, candidate
+      compaction, scratch stores, the arrival atomic), no finaliser;
+    * ``finalise``: one program per row (grid (B, 1)) with the row counters preset to S - 1:
+      each program scans split 0 again (rewriting what ``scan`` stored there, the same values)
+      and finalises the row on the scratch ``scan`` filled (merge, candidate checks, the pivot
+      searches, the inverse CDF; the full-row fallback where the expert takes it). Call
+      ``scan`` once on the same input set first;
+    * ``split_pass``: the split pass alone as a kernel of its own (:func:`_topk_split_pass`, no
+      finaliser code compiled in: the registers and occupancy of a two-launch design's first
+      launch); ``split_pass_small_tile`` the same pass over the same chunks in
+      :data:`SMALL_TILE`-logit tiles with 4 warps (the register footprint per thread, and so the
+      programs per SM, of a smaller tile); ``split_pass_prefetch`` that with the next tile's load
+      issued before the current tile's reductions.
+    """
+    logits, temp, top_k, top_p, u = args
+    B, V = logits.shape
+    dev = logits.device
+    cfg = expert._config(B, V)
+    s, s_pad, cap = cfg["S"], cfg["S_PAD"], cfg["CAP"]
+    ids = torch.empty(B, dtype=torch.int64, device=dev)
+    cand_x = torch.empty((B, s_pad, cap), dtype=torch.float32, device=dev)
+    cand_i = torch.empty((B, s_pad, cap), dtype=torch.int32, device=dev)
+    stats = torch.empty((B, s_pad, 3), dtype=torch.float32, device=dev)
+    counts = torch.empty((B, s_pad), dtype=torch.int32, device=dev)
+    sem = torch.zeros(B, dtype=torch.int32, device=dev)
+
+    def launch(s_arg: int, grid: tuple[int, int]):
+        expert._scan_and_sample_kernel[grid](
+            logits, temp, top_k, top_p, u, ids, cand_x, cand_i, stats, counts, sem, V, logits.stride(0),
+            cfg["c_sigma"], s_arg, TILE=cfg["TILE"], NT=cfg["NT"], S_PAD=s_pad, CAP=cap, FB_TILE=cfg["FB_TILE"],
+            num_warps=cfg["num_warps"], maxnreg=128)
+
+    def scan():
+        sem.zero_()
+        launch(s + 1, (B, s))
+
+    def finalise():
+        sem.fill_(s - 1)
+        launch(s, (B, 1))
+        return ids
+
+    finalise.scratch = (cand_x, cand_i, stats, counts)  # type: ignore[attr-defined]
+
+    def split_pass(tile: int = cfg["TILE"], warps: int = cfg["num_warps"], prefetch: bool = False):
+        _topk_split_pass[(B, s)](logits, temp, cand_x, cand_i, stats, counts, V, logits.stride(0), cfg["c_sigma"],
+                                 S_PAD=s_pad, CAP=cap, TILE=tile, NT=cfg["NT"] * cfg["TILE"] // tile, PREFETCH=prefetch,
+                                 num_warps=warps)
+
+    small = min(cfg["TILE"], SMALL_TILE)
+
+    return {"scan": (f"the expert's kernel, grid ({B} x {s}), no program finalises (S passed as {s + 1})", scan),
+            "finalise": (f"the expert's kernel, grid ({B} x 1): split 0 of each row and its finaliser "
+                         f"(counters preset to {s - 1})", finalise),
+            "split_pass": (f"the expert's split pass as a kernel of its own (grid ({B} x {s}), no finaliser code: "
+                           "its own registers and occupancy)", split_pass),
+            "split_pass_small_tile": (f"the same split pass over the same chunks in [{small}] tiles, 4 warps "
+                                      "(fewer registers per thread: more programs per SM)",
+                                      functools.partial(split_pass, small, 4)),
+            "split_pass_prefetch": (f"the same in [{small}] tiles, 4 warps, the next tile loaded before the current "
+                                    "tile's reductions", functools.partial(split_pass, small, 4, True))}
+
+
 SKELETONS = {"mla_decode_absorbed": mla_skeleton, "cascade_prefix_decode": cascade_skeleton,
              "lora_shrink_expand": lora_skeleton, "fused_qkv_norm_rope_cache": qkv_skeleton,
-             "allreduce_residual_rmsnorm": allreduce_skeleton}
+             "allreduce_residual_rmsnorm": allreduce_skeleton, "topk_topp_sampling": topk_skeleton}
 
 
 def flat_reader(nbytes: int, device, sms: int, n_sets: int) -> Callable[[int], None]:
@@ -1040,7 +1235,7 @@ def skeleton_bytes(task_id: str, args: list, names: list[str], sms: int = 4, **k
 #: ``--dry-run`` (CPU interpreter): a smoke workload stands in for each task's registered ones.
 DRY = {"mla_decode_absorbed": "smoke_b2_h80_two_blocks", "cascade_prefix_decode": "smoke_n6_h4x2_d32_p40",
        "lora_shrink_expand": "smoke_t24_k64_s3_decode", "fused_qkv_norm_rope_cache": "smoke_t6_h4x2_d32_decode",
-       "allreduce_residual_rmsnorm": "smoke_r4_t7_h384_quant"}
+       "allreduce_residual_rmsnorm": "smoke_r4_t7_h384_quant", "topk_topp_sampling": "smoke_b3_v1000_kp"}
 
 
 def _n_sets(args: list, l2: int) -> int:
@@ -1051,12 +1246,15 @@ def _n_sets(args: list, l2: int) -> int:
 
 
 def measure(only: list[str] | None = None, target_ms: float = 150.0, budget_s: float | None = None,
-            on_workload: Callable[[dict], None] | None = None, dry_run: bool = False) -> dict:
+            on_workload: Callable[[dict], None] | None = None, dry_run: bool = False,
+            candidates: list[str] | None = None) -> dict:
     """Graph-timed per-call medians of the skeletons, flat reads, compute skeletons and experts;
     GPU only. A workload is started only while ``budget_s`` (seconds since the call) leaves room
     (the rest get a ``skipped`` row); ``on_workload(result so far)`` runs after each workload.
     ``dry_run``: the host logic on the CPU (interpreter, :data:`DRY` smoke workloads, each call
-    run once and reported as 1 ms).
+    run once and reported as 1 ms). ``candidates``: solution files of the selected task(s) timed
+    like the expert (row ``candidate:<file stem>``; timing only, their correctness is checked
+    elsewhere).
 
     Raises:
         RuntimeError: no GPU.
@@ -1144,6 +1342,9 @@ def measure(only: list[str] | None = None, target_ms: float = 150.0, budget_s: f
         if task_id == "cascade_prefix_decode":
             split = [cascade_skeleton(expert, a, sms, split_prefix=True) for a in sets]
             row(task_id, wid, "skeleton_split", split[0][0], t(lambda i: split[i][1](), n_sets), nbytes)
+        if task_id == "topk_topp_sampling":
+            per_row = [topk_skeleton(expert, a, sms, row_program=True) for a in sets]
+            row(task_id, wid, "row_program", per_row[0][0], t(lambda i: per_row[i][1](), n_sets), nbytes)
         fsets = 1 if dry_run else max(n_sets, int(-(-3 * l2 // int(nbytes))))
         row(task_id, wid, "flat", f"contiguous read of the SOL bytes, {4 * sms} programs, {fsets} rotating buffers",
             t(flat_reader(int(nbytes), dev, sms, fsets), fsets), nbytes)
@@ -1151,6 +1352,19 @@ def measure(only: list[str] | None = None, target_ms: float = 150.0, budget_s: f
             copy_rows(task_id, wid, wl.axes, nbytes, n_sets, fsets)
         tc_sol = evaluate_formula(task.spec.sol.counts(task.spec.sol.floor).tc_flops, wl.axes)
         row(task_id, wid, "expert", "the expert's run()", exp_ms, nbytes, flops=tc_sol or None)
+        for path in candidates or []:
+            cand = import_file(Path(path), f"candidate_{Path(path).stem}")
+            row(task_id, wid, f"candidate:{Path(path).stem}", f"{path}: its run()",
+                t(lambda i, cand=cand: cand.run(*sets[i]), n_sets), nbytes, flops=tc_sol or None)
+        if task_id == "topk_topp_sampling":
+            parts = [topk_expert_parts(expert, a, sms) for a in sets]
+            row(task_id, wid, "scan", parts[0]["scan"][0], t(lambda i: parts[i]["scan"][1](), n_sets), nbytes)
+            for p in parts:          # the scratch of every input set, for the finalisers
+                p["scan"][1]()
+            row(task_id, wid, "finalise", parts[0]["finalise"][0], t(lambda i: parts[i]["finalise"][1](), n_sets),
+                nbytes)
+            for kind in ("split_pass", "split_pass_small_tile", "split_pass_prefetch"):
+                row(task_id, wid, kind, parts[0][kind][0], t(lambda i, kind=kind: parts[i][kind][1](), n_sets), nbytes)
         compute = []
         if task_id == "cascade_prefix_decode":
             compute.append(("prefix_mma_softmax", cascade_prefix_compute(expert, sets[0], sms)))
@@ -1247,7 +1461,7 @@ def _empty_args(task, wl) -> list:
     return out
 
 
-def compile_only(only: list[str] | None = None) -> int:
+def compile_only(only: list[str] | None = None, candidates: list[str] | None = None) -> int:
     """Compile every skeleton for sm_90 at the registered shapes without a GPU (devtools/
     compile_sm90.py's stand-in driver), for every config the expert's autotuner may choose
     (mla, cascade); returns the number of failed compiles. With ``TRITON_CACHE_DIR`` set, the
@@ -1283,6 +1497,9 @@ def compile_only(only: list[str] | None = None) -> int:
             if task_id in COPY_TASKS:
                 rd, wr = sol_split(task_id, wl.axes)
                 calls.append(("flat_copy", functools.partial(flat_copier(int(rd), int(wr), "cpu", 4 * c.H200_SMS, 1), 0)))
+            if task_id == "topk_topp_sampling":
+                calls.append(("row_program", topk_skeleton(expert, args, c.H200_SMS, row_program=True)[1]))
+                calls += [(kind, call) for kind, (_, call) in topk_expert_parts(expert, args, c.H200_SMS).items()]
             if task_id == "cascade_prefix_decode":
                 calls.append(("skeleton_split", cascade_skeleton(expert, args, c.H200_SMS, split_prefix=True)[1]))
                 calls.append(("prefix_mma_softmax", cascade_prefix_compute(expert, args, c.H200_SMS)[1]))
@@ -1292,6 +1509,9 @@ def compile_only(only: list[str] | None = None) -> int:
                     calls.append(("mma_softmax" if sm else "mma", mla_compute(expert, args, c.H200_SMS, sm)[1]))
         flat = flat_reader(int(sol_bytes(task, wl)), "cpu", c.H200_SMS, 1)   # calloc: no pages touched
         calls.append(("flat", functools.partial(flat, 0)))
+        for path in candidates or []:
+            cand = import_file(Path(path), f"candidate_{Path(path).stem}")
+            calls.append((f"candidate:{Path(path).stem}", functools.partial(cand.run, *args)))
         for name, call in calls:
             c.LAUNCHES.clear()
             call()
@@ -1310,11 +1530,12 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, help="start no workload after this many seconds")
     ap.add_argument("--json")
     ap.add_argument("--markdown")
+    ap.add_argument("--candidate", nargs="+", default=[], help="solution files timed like the expert (timing only)")
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--dry-run", action="store_true", help="host logic on the CPU (TRITON_INTERPRET=1, smoke workloads)")
     a = ap.parse_args()
     if a.compile_only:
-        return 1 if compile_only(a.only) else 0
+        return 1 if compile_only(a.only, a.candidate) else 0
 
     def write(res: dict) -> None:
         if a.json:
@@ -1322,7 +1543,7 @@ def main() -> int:
         if a.markdown:
             Path(a.markdown).write_text(markdown(res))
 
-    res = measure(a.only, a.target_ms, a.budget_s, on_workload=write, dry_run=a.dry_run)
+    res = measure(a.only, a.target_ms, a.budget_s, on_workload=write, dry_run=a.dry_run, candidates=a.candidate)
     write(res)
     print(markdown(res))
     return 0 if all(r["kind"] != "error" for r in res["rows"]) else 1

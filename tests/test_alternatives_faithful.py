@@ -329,9 +329,43 @@ def test_bf16_fused_moe_computes_the_task_function(tmp_path, workload, seed):
 
 # ------------------------------------------------ topk_topp_sampling: the compiled reference
 def test_topk_topp_reference_is_one_graph_for_dynamo():
-    """The torch_compile alternative failed inside inductor's CUDA compilation on torch 2.11
-    (task.yaml records it); the reference itself holds nothing dynamo cannot trace."""
+    """The harness's compile_reference failed inside inductor's CUDA code generation on torch 2.11
+    (its split scan; task.yaml records it); the reference itself holds nothing dynamo cannot
+    trace."""
     ref = load_task("topk_topp_sampling").reference_module()
     inp = ref.make_inputs({"B": 3, "V": 300, "filters": "mixed", "variant": "masked"}, 0, "cpu")
     explained = torch._dynamo.explain(ref.run)(*inp.values())
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
+def _body(fn) -> list[str]:
+    """The code lines of ``fn`` after its docstring."""
+    import ast
+    import inspect
+    import textwrap
+
+    src = textwrap.dedent(inspect.getsource(fn))
+    node = ast.parse(src).body[0]
+    first = node.body[1].lineno if ast.get_docstring(node) else node.body[0].lineno
+    return src.splitlines()[first - 1:]
+
+
+def test_topk_topp_compiled_sampler_is_the_reference_with_eager_scans():
+    """alt:torch_compile compiles the reference's run statement for statement, the two cumsums
+    called through the eager helper and nothing else changed; dynamo splits it into three graphs
+    at exactly those two calls (no cumsum reaches inductor); eager, it samples the reference's ids."""
+    ref = load_task("topk_topp_sampling").reference_module()
+    alt = _alt_module("topk_topp_sampling", "torch_compile")
+    expected = [line.replace("mass.flip(1).cumsum(1)", "_row_cumsum(mass.flip(1))").replace("w.cumsum(1)", "_row_cumsum(w)")
+                for line in _body(ref.run)]
+    assert _body(alt.sampler) == expected
+    assert sum(line.count("_row_cumsum(") for line in expected) == 2
+    for wl, seed in [({"B": 3, "V": 300, "filters": "mixed", "variant": "masked"}, 0),
+                     ({"B": 8, "V": 300, "filters": "kp", "variant": "extreme"}, 1),
+                     ({"B": 6, "V": 500, "filters": "mixed", "variant": "ties"}, 2)]:
+        inp = ref.make_inputs(wl, seed, "cpu")
+        assert torch.equal(alt.sampler(*inp.values()), ref.run(*inp.values()))
+    explained = torch._dynamo.explain(alt.sampler)(*inp.values())
+    assert (explained.graph_count, explained.graph_break_count) == (3, 2), explained.break_reasons
+    assert all("cumsum" not in str(g.graph) for g in explained.graphs)
+    assert all("_row_cumsum" in str(r.reason) for r in explained.break_reasons)

@@ -181,3 +181,88 @@ def test_flat_copy_moves_the_split_bytes(bs, rd, wr, programs):
     assert counts["src"]["read"] == counts["src"]["read_requested"] == rd
     assert counts["dst"]["written"] == wr
     assert counts["other"]["read"] == counts["other"]["written"] == 0
+# ------------------------------------------------ topk_topp_sampling: the sampler's read skeletons
+#: fp32 smoke-sized sampler workloads: language-model rows with both filters, and masked rows
+#: (-inf logits, which the skeleton must still read once).
+TOPK_CASES = [({"B": 3, "V": 1000}, {"filters": "kp"}), ({"B": 5, "V": 700}, {"filters": "mixed", "variant": "masked"})]
+
+
+def _topk_case(i: int):
+    task = load_task("topk_topp_sampling")
+    axes, params = TOPK_CASES[i]
+    wl = Workload(id=f"topk_test_{i}", axes=axes, params=params, source="test")
+    args = make_args(task.reference_module(), task.spec, wl, 7 + i, "cpu")
+    return task, wl, args, [a.name for a in task.spec.args]
+
+
+@pytest.mark.parametrize("row_program", [False, True], ids=["expert_grid", "row_program"])
+@pytest.mark.parametrize("i", range(len(TOPK_CASES)))
+def test_topk_skeleton_moves_the_sol_bytes(bs, i, row_program):
+    """Both grids (the expert's row splits, one program per row) read every logit once, the four
+    parameters once per row and write one int64 id per row: 4 B V + 24 B bytes, the SOL."""
+    task, wl, args, names = _topk_case(i)
+    counts = bs.skeleton_bytes(task.spec.id, args, names, row_program=row_program)
+    assert _moved(counts) == bs.sol_bytes(task, wl) == 4 * wl.axes["B"] * wl.axes["V"] + 24 * wl.axes["B"]
+    assert counts["logits"]["read_requested"] == counts["logits"]["read"] == 4 * wl.axes["B"] * wl.axes["V"]
+    assert counts["ids"]["written"] == 8 * wl.axes["B"] and counts["other"]["written"] == 0
+
+
+def test_topk_skeleton_missing_a_split_fails(bs):
+    """An expert grid with one split too few (the rows' last chunks never read) moves fewer bytes
+    than the SOL model, and the byte check sees it."""
+    task, wl, args, names = _topk_case(0)
+    from d2kbench.tasks.loader import import_file
+
+    expert = import_file(task.resolve_solution("expert"))
+
+    class Short:
+        @staticmethod
+        def _config(B, V):
+            cfg = dict(expert._config(B, V))
+            cfg["S"] -= 1
+            return cfg
+
+    _, call = bs.topk_skeleton(Short, args, 4)
+    counts = bs.count_bytes(call, {**dict(zip(names, args)), **call.outputs})
+    cfg = expert._config(wl.axes["B"], wl.axes["V"])
+    read = 4 * wl.axes["B"] * (cfg["S"] - 1) * cfg["NT"] * cfg["TILE"]
+    assert counts["logits"]["read"] == read < 4 * wl.axes["B"] * wl.axes["V"]
+    assert _moved(counts) < bs.sol_bytes(task, wl)
+
+
+def test_topk_expert_parts_are_the_expert(bs):
+    """The expert's kernel taken apart: ``scan`` reads every logit and writes no id; ``finalise``
+    after it samples exactly the expert's ids."""
+    task, wl, args, names = _topk_case(1)
+    from d2kbench.tasks.loader import import_file
+
+    expert = import_file(task.resolve_solution("expert"))
+    ids = expert.run(*args)
+    parts = bs.topk_expert_parts(expert, args, 4)
+    counts = bs.count_bytes(parts["scan"][1], dict(zip(names, args)))
+    assert counts["logits"]["read"] == 4 * wl.axes["B"] * wl.axes["V"]
+    assert counts["top_k"]["read"] == counts["top_p"]["read"] == counts["uniforms"]["read"] == 0   # no finaliser
+    assert torch.equal(parts["finalise"][1](), ids)
+    # the split pass as its own kernel fills the scratch exactly as the expert's kernel does
+    S = expert._config(wl.axes["B"], wl.axes["V"])["S"]
+    cx, ci, stats, cnt = (t.clone() for t in parts["finalise"][1].scratch)
+    own = bs.topk_expert_parts(expert, args, 4)
+    for buf in own["finalise"][1].scratch:
+        buf.fill_(-1)
+    own["split_pass"][1]()
+    cx2, ci2, stats2, cnt2 = own["finalise"][1].scratch
+    assert S > 1 and torch.equal(cnt2[:, :S], cnt[:, :S]) and torch.equal(stats2[:, :S], stats[:, :S])
+    live = torch.arange(cx.shape[2])[None, None, :] < cnt[:, :, None].clamp(max=cx.shape[2])
+    live[:, S:] = False
+    assert int(live.sum()) > 0 and torch.equal(cx2[live], cx[live]) and torch.equal(ci2[live], ci[live])
+    assert torch.equal(own["finalise"][1](), ids)
+    # smaller tiles (another threshold estimate: other candidates, the same ids), with and without
+    # the prefetch of the next tile: the same scratch
+    got = []
+    for kind in ("split_pass_small_tile", "split_pass_prefetch"):
+        for buf in own["finalise"][1].scratch:
+            buf.fill_(-1)
+        own[kind][1]()
+        got.append([t.clone() for t in own["finalise"][1].scratch])
+        assert torch.equal(own["finalise"][1](), ids)
+    assert all(torch.equal(a, b) for a, b in zip(*got))
