@@ -4,8 +4,8 @@ PyTorch reference's sampler, with its two row scans (``cumsum``) left to PyTorch
 What a user tries before writing a kernel. The harness's plain ``compile_reference`` of
 ``reference.run`` fails on our H200's PyTorch (2.11) inside inductor's code generation, on
 every registered workload: ``InductorError: TypeError: list indices must be integers or slices,
-not NoneType``. The cause is inductor's split scan (PyTorch issue 180221, fixed upstream in pull
-request 180369, after the 2.11 release): a ``cumsum`` over a long dimension with few rows
+not NoneType``. The cause is inductor's split scan (a bug of inductor 2.11; re-check on a newer
+PyTorch): a ``cumsum`` over a long dimension with few rows
 (here B <= 256 rows of V = 128-152 K: fewer rows than 64 per SM) is generated as a multi-block
 ``TritonSplitScanKernel``, whose row index has no tensor dimension; when the scan's fused
 input reads a per-row value (a broadcast), the code generator indexes a list with that missing
