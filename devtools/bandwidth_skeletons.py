@@ -68,6 +68,17 @@ for 3x the L2, like the worker):
     ``split_pass_small_tile`` the same in 1024-logit tiles with 4 warps (fewer registers per
     thread, more programs per SM), ``split_pass_prefetch`` that with the next tile's load issued
     before the current tile's reductions.
+  - w4a16_gemm (the decode workloads; the prefill is compute-bound): the expert's
+    ``_awq_fields_mma`` grid and tiles from its ``_plan`` (strips of BP packed words x split-K x
+    m tiles; [BM, BK] x and [BK, BP] word tiles, evict-first words, warps, stages), per K step
+    the group's zero-point words and scales, y written by split 0 (the expert's FP32 partials and
+    reduction pass are not SOL bytes), at arithmetic levels (:data:`W4_LEVELS`): ``skeleton`` no
+    unpacking (the words folded to fp16 bits, one MMA x @ fold per step: 1/8 of the expert's
+    MMAs), ``skeleton_dequant`` + the expert's unpacking of the 8 fields (its inline-PTX pairs
+    where ``_ASM``), summed into that one MMA, ``skeleton_dequant_mma`` + its 8 MMAs per step.
+    The bytes are the same at every level: skeleton -> flat is the pattern, skeleton ->
+    skeleton_dequant the unpacking, -> skeleton_dequant_mma the MMAs, -> expert the partials
+    and the reduction pass.
 
 * ``flat``: the same byte count read from one contiguous buffer (4 programs per SM, 16 KB
   tiles), the best any pattern could do with those bytes on this GPU.
