@@ -68,6 +68,17 @@ for 3x the L2, like the worker):
     ``split_pass_small_tile`` the same in 1024-logit tiles with 4 warps (fewer registers per
     thread, more programs per SM), ``split_pass_prefetch`` that with the next tile's load issued
     before the current tile's reductions.
+  - w4a16_gemm (the decode workloads; the prefill is compute-bound): the expert's
+    ``_awq_fields_mma`` grid and tiles from its ``_plan`` (strips of BP packed words x split-K x
+    m tiles; [BM, BK] x and [BK, BP] word tiles, evict-first words, warps, stages), per K step
+    the group's zero-point words and scales, y written by split 0 (the expert's FP32 partials and
+    reduction pass are not SOL bytes), at arithmetic levels (:data:`W4_LEVELS`): ``skeleton`` no
+    unpacking (the words folded to fp16 bits, one MMA x @ fold per step: 1/8 of the expert's
+    MMAs), ``skeleton_dequant`` + the expert's unpacking of the 8 fields (its inline-PTX pairs
+    where ``_ASM``), summed into that one MMA, ``skeleton_dequant_mma`` + its 8 MMAs per step.
+    The bytes are the same at every level: skeleton -> flat is the pattern, skeleton ->
+    skeleton_dequant the unpacking, -> skeleton_dequant_mma the MMAs, -> expert the partials
+    and the reduction pass.
 
 * ``flat``: the same byte count read from one contiguous buffer (4 programs per SM, 16 KB
   tiles), the best any pattern could do with those bytes on this GPU.
@@ -152,6 +163,8 @@ WORKLOADS = [
     ("topk_topp_sampling", "qwen3_b256_kp"),
     ("topk_topp_sampling", "llama3_b128_kp"),
     ("topk_topp_sampling", "dsv3_b64_k"),
+    ("w4a16_gemm", "llama3_70b_gate_up_m1"),         # the memory-bound (decode) workloads only
+    ("w4a16_gemm", "llama3_70b_down_m16"),
 ]
 #: Workloads with a compute skeleton (a compute-bound bar).
 COMPUTE = [("mla_decode_absorbed", "dsv3_dp_b64_h128")]
@@ -161,7 +174,7 @@ COMPUTE = [("mla_decode_absorbed", "dsv3_dp_b64_h128")]
 #: only the S - 1 inner boundaries (8 bytes fewer).
 SLACK = {"mla_decode_absorbed": lambda ax: 4 * ax["B"], "cascade_prefix_decode": lambda ax: 4 * ax["N"],
          "lora_shrink_expand": lambda ax: 8, "allreduce_residual_rmsnorm": lambda ax: 0,
-         "topk_topp_sampling": lambda ax: 0}
+         "topk_topp_sampling": lambda ax: 0, "w4a16_gemm": lambda ax: 0}
 #: Tasks whose rows include contiguous copies of the SOL bytes (reads and writes as the SOL
 #: model splits them, :func:`sol_split`): in the benchmark's input sets (``flat_copy_sets``: the
 #: expert's rotation; one set when the arguments exceed the L2, as the 0.5 GB KV pools of the
@@ -720,6 +733,134 @@ def _topk_split_pass(X, T, CX, CI, STAT, CNT, V, stride_row, c_sigma, S_PAD: tl.
     tl.store(CNT + row * S_PAD + sp, cnt)
 
 
+@triton.jit
+def _w4_f16_1024_plus(words, SH: tl.constexpr):
+    """Field at bits SH .. SH + 3 as the fp16 value 1024 + q (the w4a16 expert's ``_f16_1024_plus``)."""
+    return (((words >> SH) & 0xF) | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _w4_field(words, zw, s_row, p_ok, SH: tl.constexpr, COL: tl.constexpr):
+    """The w4a16 expert's Triton-op unpacking of one field (its ``_field_w16``): fp16 (q - z) * s."""
+    s = tl.load(s_row + COL, mask=p_ok, other=0.0)
+    return (_w4_f16_1024_plus(words, SH) - _w4_f16_1024_plus(zw, SH)[None, :]) * s[None, :]
+
+
+@triton.jit
+def _w4_pair_asm(words, zw, s32_row, p_ok, J: tl.constexpr):
+    """The w4a16 expert's paired-fp16 inline-PTX unpacking of columns 2J and 2J + 1 (its
+    ``_pair_w16_asm``: one LOP3, one sub.f16x2, one mul.f16x2 per column pair). GPU only."""
+    zz = ((zw >> (4 * J)) & 0x000F000F) | 0x64006400
+    ss = tl.load(s32_row + J, mask=p_ok, other=0)
+    lo, hi = tl.inline_asm_elementwise(
+        asm="{.reg .b32 t; lop3.b32 t, $2, 0x000F000F, 0x64006400, 0xEA; sub.rn.f16x2 t, t, $3; "
+            "mul.rn.f16x2 t, t, $4; mov.b32 {$0, $1}, t;}",
+        constraints="=h,=h,r,r,r",
+        args=[words >> (4 * J), tl.broadcast_to(zz[None, :], words.shape), tl.broadcast_to(ss[None, :], words.shape)],
+        dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
+    return lo, hi
+
+
+@triton.jit
+def _w4_store_cols(y_ptr, N, acc, offs_m, offs_p, ok, COL: tl.constexpr):
+    ptrs = y_ptr + offs_m.to(tl.int64)[:, None] * N + (offs_p * 8 + COL)[None, :]
+    tl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _w4_fields(x_ptr, qw_ptr, qz_ptr, s16_ptr, s32_ptr, y_ptr, SINK, M, N, K, stride_xm, stride_qk, stride_zg,
+               stride_s16, stride_s32, G: tl.constexpr, BM: tl.constexpr, BP: tl.constexpr, BK: tl.constexpr,
+               SPLIT_K: tl.constexpr, ASM: tl.constexpr, DEQ: tl.constexpr):
+    """Grid (cdiv(N / 8, BP), SPLIT_K, cdiv(M, BM)): the w4a16 expert's ``_awq_fields_mma``
+    traffic (per K step of BK rows: the [BM, BK] x tile, the [BK, BP] packed words evict-first,
+    the group's BP zero-point words and 8 BP scales) at DEQ levels of its arithmetic:
+    0 no unpacking (the words xor-folded to 16 bits, masked to a finite fp16 < 2: 3 integer ops
+    per word, 3/8 per weight) and one MMA x @ fold per step (1/8 of the expert's MMA work), the
+    zero points and scales xor-reduced; 1 the expert's unpacking of all 8 fields (ASM: its paired
+    inline PTX; else its Triton ops) summed (7 fp16 adds) into one MMA per step; 2 the expert's
+    unpacking and its 8 MMAs into 8 accumulators. Split 0 writes y (M x N fp16, no partial
+    workspace, no reduction pass); every program reduces its accumulators into the sink."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    steps = K // BK
+    per = tl.cdiv(steps, SPLIT_K)
+    k0 = pid_k * per * BK
+    k1 = min(k0 + per * BK, K)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_p = pid_n * BP + tl.arange(0, BP)
+    offs_k = tl.arange(0, BK)
+    m_ok = offs_m < M
+    p_ok = offs_p < N // 8
+    x_ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + offs_k[None, :]
+    w_ptrs = qw_ptr + offs_k.to(tl.int64)[:, None] * stride_qk + offs_p[None, :]
+    acc = tl.zeros((BM, BP), dtype=tl.float32)
+    meta = tl.zeros((BP,), dtype=tl.int32)
+    if DEQ == 2:
+        a1 = tl.zeros((BM, BP), dtype=tl.float32)
+        a2 = tl.zeros((BM, BP), dtype=tl.float32)
+        a3 = tl.zeros((BM, BP), dtype=tl.float32)
+        a4 = tl.zeros((BM, BP), dtype=tl.float32)
+        a5 = tl.zeros((BM, BP), dtype=tl.float32)
+        a6 = tl.zeros((BM, BP), dtype=tl.float32)
+        a7 = tl.zeros((BM, BP), dtype=tl.float32)
+    for k in range(k0, k1, BK):
+        g = k // G
+        x = tl.load(x_ptrs + k, mask=m_ok[:, None], other=0.0)
+        words = tl.load(w_ptrs + k * stride_qk, mask=p_ok[None, :], other=0, eviction_policy="evict_first")
+        zw = tl.load(qz_ptr + g * stride_zg + offs_p, mask=p_ok, other=0)
+        if DEQ == 0:
+            s32_row = s32_ptr + g * stride_s32 + offs_p * 4          # the 8 scales as 4 int32 pairs
+            meta ^= zw ^ tl.load(s32_row, mask=p_ok, other=0) ^ tl.load(s32_row + 1, mask=p_ok, other=0)
+            meta ^= tl.load(s32_row + 2, mask=p_ok, other=0) ^ tl.load(s32_row + 3, mask=p_ok, other=0)
+            fold = ((words ^ (words >> 16)) & 0x3FFF).to(tl.int16).to(tl.float16, bitcast=True)
+            acc = tl.dot(x, fold, acc)
+        else:
+            if ASM:
+                s32_row = s32_ptr + g * stride_s32 + offs_p * 4
+                w0, w4 = _w4_pair_asm(words, zw, s32_row, p_ok, 0)
+                w1, w5 = _w4_pair_asm(words, zw, s32_row, p_ok, 1)
+                w2, w6 = _w4_pair_asm(words, zw, s32_row, p_ok, 2)
+                w3, w7 = _w4_pair_asm(words, zw, s32_row, p_ok, 3)
+            else:
+                s_row = s16_ptr + g * stride_s16 + offs_p * 8
+                w0 = _w4_field(words, zw, s_row, p_ok, 0, 0)         # field i holds column AWQ_ORDER[i]
+                w1 = _w4_field(words, zw, s_row, p_ok, 4, 2)
+                w2 = _w4_field(words, zw, s_row, p_ok, 8, 4)
+                w3 = _w4_field(words, zw, s_row, p_ok, 12, 6)
+                w4 = _w4_field(words, zw, s_row, p_ok, 16, 1)
+                w5 = _w4_field(words, zw, s_row, p_ok, 20, 3)
+                w6 = _w4_field(words, zw, s_row, p_ok, 24, 5)
+                w7 = _w4_field(words, zw, s_row, p_ok, 28, 7)
+            if DEQ == 1:
+                acc = tl.dot(x, ((w0 + w4) + (w1 + w5)) + ((w2 + w6) + (w3 + w7)), acc)
+            else:
+                acc = tl.dot(x, w0, acc)
+                a1 = tl.dot(x, w1, a1)
+                a2 = tl.dot(x, w2, a2)
+                a3 = tl.dot(x, w3, a3)
+                a4 = tl.dot(x, w4, a4)
+                a5 = tl.dot(x, w5, a5)
+                a6 = tl.dot(x, w6, a6)
+                a7 = tl.dot(x, w7, a7)
+    total = tl.sum(tl.sum(acc, 1), 0) + tl.sum(meta, 0).to(tl.float32)
+    ok = m_ok[:, None] & p_ok[None, :] & (pid_k == 0)
+    if DEQ == 2:
+        total += tl.sum(tl.sum(((a1 + a2) + (a3 + a4)) + ((a5 + a6) + a7), 1), 0)
+        _w4_store_cols(y_ptr, N, acc, offs_m, offs_p, ok, 0)
+        _w4_store_cols(y_ptr, N, a1, offs_m, offs_p, ok, 2)
+        _w4_store_cols(y_ptr, N, a2, offs_m, offs_p, ok, 4)
+        _w4_store_cols(y_ptr, N, a3, offs_m, offs_p, ok, 6)
+        _w4_store_cols(y_ptr, N, a4, offs_m, offs_p, ok, 1)
+        _w4_store_cols(y_ptr, N, a5, offs_m, offs_p, ok, 3)
+        _w4_store_cols(y_ptr, N, a6, offs_m, offs_p, ok, 5)
+        _w4_store_cols(y_ptr, N, a7, offs_m, offs_p, ok, 7)
+    else:
+        for c in tl.static_range(8):
+            _w4_store_cols(y_ptr, N, acc, offs_m, offs_p, ok, c)
+    _sink(SINK, (pid_m * SPLIT_K + pid_k) * tl.num_programs(0) + pid_n, total)
+
+
 # ----------------------------------------------------------------------------------------------
 # launches (host code reads no tensor values: CUDA-graph capturable, compile-only on empty tensors)
 # ----------------------------------------------------------------------------------------------
@@ -1116,9 +1257,54 @@ def topk_expert_parts(expert, args: list, sms: int) -> dict[str, tuple[str, Call
                                     "tile's reductions", functools.partial(split_pass, small, 4, True))}
 
 
+#: Arithmetic levels of the w4a16_gemm skeleton (``_w4_fields`` DEQ): row kind and description.
+W4_LEVELS = {0: ("skeleton", "no unpacking: the words xor-folded to fp16 bits, one MMA x @ fold per step"),
+             1: ("skeleton_dequant", "+ the expert's unpacking of the 8 fields (shifts, masks, - z, * s), summed "
+                 "into one MMA per step (no expert MMAs)"),
+             2: ("skeleton_dequant_mma", "+ the expert's 8 MMAs per step (8 accumulators); y written by split 0 "
+                 "(no FP32 partials, no reduction pass)")}
+
+
+def w4a16_skeleton(expert, args: list, sms: int, level: int = 0) -> tuple[str, Callable[[], None]]:
+    """The w4a16_gemm skeleton of one input set at arithmetic level ``level`` (:data:`W4_LEVELS`):
+    the expert's decode plan (``expert._plan``: [BM, BK] x and [BK, BP] word tiles, split-K
+    count, warps, stages; its ``_ASM`` unpacking on the GPU), the grid of ``_awq_fields_mma``.
+    Moves x [M, K] fp16, qweight [K, N/8] int32, qzeros [K/G, N/8] int32 and scales [K/G, N]
+    fp16 once each and writes y [M, N] fp16 once: the floor SOL bytes.
+
+    Raises:
+        ValueError: the expert's plan for the shape is not its decode ("fields") kernel.
+    """
+    x, qweight, qzeros, scales, group_size = args
+    M, K = x.shape
+    N = scales.shape[1]
+    G = int(group_size)
+    p = expert._plan(M, N, K, G, sms)
+    if p["kind"] != "fields":
+        raise ValueError(f"the w4a16 skeleton follows the decode kernel; the expert's plan here is {p['kind']!r}")
+    asm = bool(p.get("asm", expert._ASM)) and not _INTERPRET
+    s32 = scales.view(torch.int32)                         # adjacent column pairs as one word (same storage)
+    y = torch.empty((M, N), dtype=torch.float16, device=x.device)
+    grid = (triton.cdiv(N // 8, p["BP"]), p["S"], triton.cdiv(M, p["BM"]))
+    sink = _sink_buf(grid[0] * grid[1] * grid[2], x.device)
+
+    def call():
+        _w4_fields[grid](x, qweight, qzeros, scales, s32, y, sink, M, N, K, x.stride(0), qweight.stride(0),
+                         qzeros.stride(0), scales.stride(0), s32.stride(0), G=G, BM=p["BM"], BP=p["BP"], BK=p["BK"],
+                         SPLIT_K=p["S"], ASM=asm, DEQ=level, num_warps=p["warps"], num_stages=p["stages"])
+        return y
+
+    call.outputs = {"y": y}  # type: ignore[attr-defined]
+    what = (f"grid {grid} (strips of {p['BP']} words x split {p['S']} x m tiles of {p['BM']}), [{p['BK']} x "
+            f"{p['BP']}] words per step, {p['warps']} warps, {p['stages']} stages{', asm' if asm else ''}; "
+            f"{W4_LEVELS[level][1]}")
+    return what, call
+
+
 SKELETONS = {"mla_decode_absorbed": mla_skeleton, "cascade_prefix_decode": cascade_skeleton,
              "lora_shrink_expand": lora_skeleton, "fused_qkv_norm_rope_cache": qkv_skeleton,
-             "allreduce_residual_rmsnorm": allreduce_skeleton, "topk_topp_sampling": topk_skeleton}
+             "allreduce_residual_rmsnorm": allreduce_skeleton, "topk_topp_sampling": topk_skeleton,
+             "w4a16_gemm": w4a16_skeleton}
 
 
 def flat_reader(nbytes: int, device, sms: int, n_sets: int) -> Callable[[int], None]:
@@ -1173,12 +1359,12 @@ def count_bytes(fn: Callable[[], object], buffers: dict[str, torch.Tensor]) -> d
         return ptrs.get_element_ty().primitive_bitwidth // 8
 
     def load(self, ptrs, mask, other, *a):
-        m = np.broadcast_to(mask.data, ptrs.data.shape)
+        m = np.broadcast_to(mask.data.astype(bool), ptrs.data.shape)   # an int8 mask would index, not select
         loads.append((ptrs.data[m].astype(np.uint64).ravel(), _size(ptrs)))
         return orig_load(self, ptrs, mask, other, *a)
 
     def store(self, ptrs, value, mask, *a):
-        m = np.broadcast_to(mask.data, ptrs.data.shape)
+        m = np.broadcast_to(mask.data.astype(bool), ptrs.data.shape)   # an int8 mask would index, not select
         stores.append((ptrs.data[m].astype(np.uint64).ravel(), _size(ptrs)))
         return orig_store(self, ptrs, value, mask, *a)
 
@@ -1235,7 +1421,8 @@ def skeleton_bytes(task_id: str, args: list, names: list[str], sms: int = 4, **k
 #: ``--dry-run`` (CPU interpreter): a smoke workload stands in for each task's registered ones.
 DRY = {"mla_decode_absorbed": "smoke_b2_h80_two_blocks", "cascade_prefix_decode": "smoke_n6_h4x2_d32_p40",
        "lora_shrink_expand": "smoke_t24_k64_s3_decode", "fused_qkv_norm_rope_cache": "smoke_t6_h4x2_d32_decode",
-       "allreduce_residual_rmsnorm": "smoke_r4_t7_h384_quant", "topk_topp_sampling": "smoke_b3_v1000_kp"}
+       "allreduce_residual_rmsnorm": "smoke_r4_t7_h384_quant", "topk_topp_sampling": "smoke_b3_v1000_kp",
+       "w4a16_gemm": "smoke_m16_n128_k1024"}
 
 
 def _n_sets(args: list, l2: int) -> int:
@@ -1339,6 +1526,10 @@ def measure(only: list[str] | None = None, target_ms: float = 150.0, budget_s: f
             for level in (1, 2, 3) if int(wl.axes["Q"]) else (1,):
                 lv = [allreduce_skeleton(expert, a, sms, level) for a in sets]
                 row(task_id, wid, AR_LEVELS[level][0], lv[0][0], t(lambda i, lv=lv: lv[i][1](), n_sets), nbytes)
+        if task_id == "w4a16_gemm":
+            for level in (1, 2):
+                lv = [w4a16_skeleton(expert, a, sms, level) for a in sets]
+                row(task_id, wid, W4_LEVELS[level][0], lv[0][0], t(lambda i, lv=lv: lv[i][1](), n_sets), nbytes)
         if task_id == "cascade_prefix_decode":
             split = [cascade_skeleton(expert, a, sms, split_prefix=True) for a in sets]
             row(task_id, wid, "skeleton_split", split[0][0], t(lambda i: split[i][1](), n_sets), nbytes)
@@ -1494,6 +1685,8 @@ def compile_only(only: list[str] | None = None, candidates: list[str] | None = N
             calls.append(("skeleton", SKELETONS[task_id](expert, args, c.H200_SMS)[1]))
             if task_id == "allreduce_residual_rmsnorm":
                 calls += [(AR_LEVELS[lv][0], allreduce_skeleton(expert, args, c.H200_SMS, lv)[1]) for lv in (1, 2, 3)]
+            if task_id == "w4a16_gemm":
+                calls += [(W4_LEVELS[lv][0], w4a16_skeleton(expert, args, c.H200_SMS, lv)[1]) for lv in (1, 2)]
             if task_id in COPY_TASKS:
                 rd, wr = sol_split(task_id, wl.axes)
                 calls.append(("flat_copy", functools.partial(flat_copier(int(rd), int(wr), "cpu", 4 * c.H200_SMS, 1), 0)))

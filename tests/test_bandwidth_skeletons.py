@@ -266,3 +266,42 @@ def test_topk_expert_parts_are_the_expert(bs):
         got.append([t.clone() for t in own["finalise"][1].scratch])
         assert torch.equal(own["finalise"][1](), ids)
     assert all(torch.equal(a, b) for a, b in zip(*got))
+# ------------------------------------------------ w4a16_gemm: the decode kernel's read skeleton
+W4_CASES = [({"M": 1, "N": 256, "K": 512, "G": 128}, {}),
+            ({"M": 5, "N": 136, "K": 256, "G": 128}, {"variant": "extreme"})]
+
+
+@pytest.mark.parametrize("level", [0, 1, 2])
+@pytest.mark.parametrize("axes,params", W4_CASES, ids=["m1_split", "m5_ragged_extreme"])
+def test_w4a16_skeleton_moves_the_sol_bytes(bs, level, axes, params):
+    """Every arithmetic level reads each packed word once, x, the zero points and scales of every
+    group, and writes y once: exactly the floor formula (ragged N / 8 and M masked)."""
+    task, wl, args, names = _workload_args("w4a16_gemm", axes, params)
+    M, N, K, G = (axes[a] for a in ("M", "N", "K", "G"))
+    counts = bs.skeleton_bytes(task.spec.id, args, names, level=level)
+    assert counts["qweight"]["read"] == counts["qweight"]["read_requested"] == K * N // 2
+    assert counts["x"]["read"] == 2 * M * K
+    assert counts["qzeros"]["read"] == (K // G) * N // 2 and counts["scales"]["read"] == 2 * (K // G) * N
+    assert counts["y"]["written"] == 2 * M * N
+    assert counts["other"]["read"] == counts["other"]["written"] == 0
+    assert _moved(counts) == bs.sol_bytes(task, wl)
+
+
+def test_w4a16_dequant_mma_level_is_the_gemm(bs):
+    """Level 2 (the expert's unpacking and 8 MMAs) without a split computes y itself: the
+    skeleton's arithmetic is the real dequantisation, not a stand-in. The prefill shape (the
+    expert's compute-bound kernel) has no skeleton."""
+    task, wl, args, names = _workload_args("w4a16_gemm", *W4_CASES[1])
+    from d2kbench.tasks.loader import import_file
+
+    expert = import_file(task.resolve_solution("expert"))
+    _, call = bs.w4a16_skeleton(expert, args, 0, level=2)          # 0 SMs: the plan's split is 1
+    y = call().float()
+    ref = task.reference_module().run(*args).float()
+    assert float((y - ref).norm() / ref.norm()) < 1e-4
+    _, call0 = bs.w4a16_skeleton(expert, args, 0, level=0)
+    assert float((call0().float() - ref).norm() / ref.norm()) > 0.1   # level 0 moves bytes, computes nothing
+    big = [torch.empty((4096, 256), dtype=torch.float16), torch.empty((256, 512), dtype=torch.int32),
+           torch.empty((2, 512), dtype=torch.int32), torch.empty((2, 4096), dtype=torch.float16), 128]
+    with pytest.raises(ValueError, match="decode"):
+        bs.w4a16_skeleton(expert, big, 132)
