@@ -225,7 +225,7 @@ def test_dropped_rank_fails_and_distributed_workload_is_not_run(tmp_path):
     ("straightforward", "acc = torch.empty((T, H), dtype=torch.float32", "acc = torch.empty((T, H), dtype=residual.dtype",
      "residual"),
     # the new residual never stored
-    ("expert", "    tl.store(r_ptr + offs, z, mask=m3)\n", "", "residual"),
+    ("expert", "        tl.store(r_ptr + offs, z, mask=m3)\n", "", "residual"),
     # the unrounded sum added to the residual
     ("expert", "z = (acc.to(dt).to(tl.float32) + res", "z = (acc + res", "residual"),
 ])
