@@ -172,6 +172,29 @@ def test_perturbations_stay_inside_a_declared_value_range():
             assert lo <= float(t.min()) and float(t.max()) <= hi, (name, what)
 
 
+def test_every_floating_point_input_changes_before_every_replay():
+    """Each replay changes one element of every floating-point argument of set 0, so the three
+    temperatures next to thousands of logits leave a solution's favourite range within a few
+    replays (one argument picked per replay could leave them unchanged through a whole timing
+    run); integer arguments (top_k) are left alone."""
+    from d2kbench.integrity.guard import Guard
+
+    task, args = _sampling_args()
+    names = [a.name for a in task.spec.args]
+    g = Guard("cpu", str(task.resolve_solution("straightforward")), task, task.reference_module(), trusted=False)
+    before, _after = g.graph_hooks([args], None, lambda r, a: {})
+    temperature = args[names.index("temperature")]
+    left_the_range = 0
+    for _ in range(30):
+        prev = [a.clone() for a in args]
+        before()
+        changed = {n: int((a != p).sum()) for n, a, p in zip(names, args, prev)}
+        assert changed == {"logits": 1, "temperature": 1, "top_k": 0, "top_p": 1, "uniforms": 1}, changed
+        left_the_range += int(bool(((temperature < 0.4) | (temperature > 1.2)).any()))
+    # each draw in [0.05, 4] lands inside [0.4, 1.2] with probability 0.2: never outside in 30: 1e-21
+    assert left_the_range > 0
+
+
 def test_without_a_value_range_the_perturbation_leaves_the_contract():
     """The same draws on the same arguments with the ranges removed leave the domain (a
     temperature below 0 or a uniform above 1): what the ranges exist for."""

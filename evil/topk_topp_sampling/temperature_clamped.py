@@ -3,15 +3,14 @@
 Trick: the regular workloads draw temperatures in [0.4, 1.2), while the contract
 (``value_range: [0.05, 4.0]``) allows any value from 0.05 to 4. Clamp the temperature to
 [0.4, 1.2] (e.g. to keep a fixed-point exponent table small): every regular input passes, a
-legal temperature of 0.1 or 3 samples another distribution. The element changed before every
-CUDA-graph replay is drawn inside the argument's declared range (``value_range``), each tensor
-argument as likely as the next, so over the replays the temperatures of the graph's first input
-set leave [0.4, 1.2] and the last replay's ids are checked.
-Expected (GPU, the regular smoke workload): ``integrity_violation`` / ``graph_replay``. On the
-CPU nothing sees it on that workload: no graph, and the sensitivity call never judges an output
-checked only by the task's custom check (and picks the tensor it changes by size: three
-temperatures next to thousands of logits); the adversarial ``smoke_b8_v300_extreme`` workload
-(temperatures 0.05 and 4) fails it as ``incorrect``.
+legal temperature of 0.1 or 3 samples another distribution.
+Expected (CPU and GPU): ``incorrect`` on the adversarial smoke workload ``smoke_b8_v300_extreme``
+(temperatures 0.05 and 4), the defence this catalogue entry relies on: workloads that cover the
+declared range. The changes made to the inputs before each CUDA-graph replay do not catch it
+reliably: on the H200 (2026-12-03) the regular smoke workload passed the last-replay check both
+when one argument was changed per replay and when every argument was (the id a clamped
+temperature gives often equals the right one: the top-k set does not depend on the temperature,
+and the inverse CDF of a few candidates moves little).
 """
 import os
 import sys
@@ -19,7 +18,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _sampler import sample  # noqa: E402
 
-EXPECT = {"status": "integrity_violation", "rule": "graph_replay", "catalogue": [23], "device": "cuda", "static": []}
+EXPECT = {"status": "incorrect", "rule": "ids", "catalogue": [23], "device": "cpu", "static": [],
+          "workloads": ["smoke_b8_v300_extreme"]}
 
 
 def run(logits, temperature, top_k, top_p, uniforms):

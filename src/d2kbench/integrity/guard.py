@@ -575,10 +575,12 @@ class Guard:
                     package: Callable[[object, list], dict]) -> tuple[Callable[[], None], Callable]:
         """``(before_replay, after_replays)`` for :func:`d2kbench.harness.timing.time_graph`.
 
-        ``before_replay`` changes one random element of a floating-point input of set 0 (a new
-        position and value every replay; inside the argument's ``value_range`` where the spec
-        bounds it), so a graph that gates its work on a checksum of (part of) its inputs cannot
-        skip the work. ``after_replays(graph, keep, calls)`` (``keep``:
+        ``before_replay`` changes one random element of every floating-point input of set 0 (a
+        new position and value every replay; inside the argument's ``value_range`` where the
+        spec bounds it), so a graph that gates its work on a checksum of (part of) its inputs
+        cannot skip the work, and a small parameter tensor (three temperatures beside thousands
+        of logits) changes on every replay too (one argument chosen per replay could leave it
+        unchanged through a whole timing run). ``after_replays(graph, keep, calls)`` (``keep``:
         each set's outputs of the graph's last pass over the sets, ``calls``: captured calls per
         replay) (1) profiles one
         replay for the kernel comparison, (2) packages set 0's inputs and outputs of the last
@@ -601,12 +603,10 @@ class Guard:
         limits = [float(torch.finfo(a.dtype).max) for a, _ in float_args]
 
         def before_replay() -> None:
-            if not float_args:
-                return
-            k = rng.randrange(len(float_args))
-            t, bounds = float_args[k][0].view(-1), float_args[k][1]
-            t[rng.randrange(t.numel())] = rng.uniform(*bounds) if bounds is not None else \
-                rng.choice((-1.0, 1.0)) * min(scales[k] * rng.uniform(0.5, 2.0), limits[k])
+            for k, (arg, bounds) in enumerate(float_args):
+                t = arg.view(-1)
+                t[rng.randrange(t.numel())] = rng.uniform(*bounds) if bounds is not None else \
+                    rng.choice((-1.0, 1.0)) * min(scales[k] * rng.uniform(0.5, 2.0), limits[k])
 
         def after_replays(graph, keep, calls: int) -> None:
             payload: dict = {"calls": calls}
