@@ -56,37 +56,6 @@ def classify(name: str) -> str:
     return "other"
 
 
-def ordered_profile(torch, mod, args, n_calls: int) -> list[list[tuple[float, float, str]]]:
-    """Per call, the (start us, end us, kernel name) launches in start order (torch.profiler, CUDA
-    only; a synchronize and a 2 ms pause between calls, as devtools/kernel_profile.py)."""
-    import kernel_profile as kp
-    from torch.profiler import ProfilerActivity, profile
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(n_calls):
-            mod.run(*args)
-            torch.cuda.synchronize()
-            time.sleep(0.002)
-    ks = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                if e.device_type == torch.autograd.DeviceType.CUDA)
-    return [c for c in kp._calls(ks) if c]
-
-
-def kp_row(task_id: str, wl: str, sol: str, calls, sol_us) -> dict:
-    """The row devtools/kernel_profile.profile_one makes of the same calls (for its markdown)."""
-    per_name: dict[str, list[float]] = {}
-    for c in calls:
-        for s, e, name in c:
-            per_name.setdefault(name, []).append(e - s)
-    busy = sorted(sum(e - s for s, e, _ in c) for c in calls)
-    span = sorted(max(e for _, e, _ in c) - min(s for s, _, _ in c) for c in calls)
-    n = max(1, len(calls))
-    return {"task": task_id, "workload": wl, "solution": sol, "calls": len(calls),
-            "kernels": [(name, len(v) / n, sum(v) / len(v)) for name, v in per_name.items()],
-            "busy_us": busy[len(busy) // 2] if busy else None, "span_us": span[len(span) // 2] if span else None,
-            "sol_us": sol_us}
-
-
 def split_steps(calls: list[list[tuple[str, float]]]) -> dict:
     """Median-free summary: mean us per step over the calls; straightforward's two GEMM launches
     are GEMM1 (first) and GEMM2 (second)."""
@@ -277,8 +246,8 @@ def main() -> None:
                   "_block_fp8_gemm_kernel", "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<int>>"]]
         calls = [[(10.0 * i, 10.0 * i + 1 + i, nm) for i, nm in enumerate(c)] for c in names]
         torch.cuda.get_device_name = lambda *_: "cpu smoke"  # kernel_profile's page header
-        print(kp.to_markdown([kp_row(TASK, "smoke", s, [c], 1.0) for s, c in zip(SOLUTIONS, calls)]))
-        fake = {"kernel_profile": [kp_row(TASK, "smoke", s, [c], 1.0) for s, c in zip(SOLUTIONS, calls)],
+        print(kp.to_markdown([kp.summary_row(TASK, "smoke", s, [c], 1.0) for s, c in zip(SOLUTIONS, calls)]))
+        fake = {"kernel_profile": [kp.summary_row(TASK, "smoke", s, [c], 1.0) for s, c in zip(SOLUTIONS, calls)],
                 "steps": [{"workload": "smoke", "solution": s, "steps_us": split_steps([c]), "busy_us": 1.0,
                            "gemm1_tflops": 1.0, "gemm1_pct_fp8_ceiling": 0.1} for s, c in zip(SOLUTIONS, calls)],
                 "dense": {"smoke": rows}, "tuning": {"smoke": {"_gemm1_tuned": {"best": "x", "compiled": []}}},
@@ -322,8 +291,8 @@ def main() -> None:
                     res["candidate_vs_expert_max_abs"] = float((out.float() - ref_out).abs().max())
                     del ref_out
                 del out
-                calls = ordered_profile(torch, mods[s], args, a.calls)
-                res["kernel_profile"].append(kp_row(TASK, wl, s, calls, sol_us))
+                calls = kp.profiled_calls(mods[s].run, args, a.calls)
+                res["kernel_profile"].append(kp.summary_row(TASK, wl, s, calls, sol_us))
                 st = split_steps(calls)
                 row = {"workload": wl, "solution": s, "steps_us": st, "busy_us": sum(st.values())}
                 for gname, fl in useful.items():

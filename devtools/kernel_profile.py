@@ -65,29 +65,41 @@ def profile_one(task, workload_id: str, solution: str, n_calls: int) -> dict:
     args = make_args(ref, task.spec, wl, 1234, "cuda")
     for _ in range(3):  # compile, autotune, warm
         mod.run(*args)
+    calls = profiled_calls(mod.run, args, n_calls)
+    ceil = MEASURED.get(gpu_key(torch.cuda.get_device_name()) or "")
+    sol_us = sol_ms(task.spec.sol.counts(task.spec.sol.floor), wl.axes, ceil)[0] * 1e3 if ceil else None
+    return summary_row(task_id, workload_id, solution, calls, sol_us)
+
+
+def profiled_calls(run, args: list, n_calls: int) -> list[list[tuple[float, float, str]]]:
+    """``n_calls`` calls of ``run(*args)`` under the CUDA profiler, a synchronize and a 2 ms
+    pause after each; per call its kernels as ``(start us, end us, name)`` in start order."""
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(n_calls):
-            mod.run(*args)
+            run(*args)
             torch.cuda.synchronize()
             time.sleep(0.002)
     kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
                      if e.device_type == torch.autograd.DeviceType.CUDA)
-    calls = [c for c in _calls(kernels) if c]
+    return [c for c in _calls(kernels) if c]
+
+
+def summary_row(task_id: str, workload_id: str, solution: str, calls: list, sol_us: float | None) -> dict:
+    """The table row of profiled ``calls``: kernels per call with their mean us, and the median
+    busy time (summed kernel time) and span (first start to last end) in us."""
     per_name: dict[str, list[float]] = {}
     for c in calls:
         for s, e, name in c:
             per_name.setdefault(name, []).append(e - s)
-    busy = [sum(e - s for s, e, _ in c) for c in calls]
-    span = [max(e for _, e, _ in c) - min(s for s, _, _ in c) for c in calls]
-    ceil = MEASURED.get(gpu_key(torch.cuda.get_device_name()) or "")
-    sol_us = sol_ms(task.spec.sol.counts(task.spec.sol.floor), wl.axes, ceil)[0] * 1e3 if ceil else None
+    busy = sorted(sum(e - s for s, e, _ in c) for c in calls)
+    span = sorted(max(e for _, e, _ in c) - min(s for s, _, _ in c) for c in calls)
     n = max(1, len(calls))
     return {
         "task": task_id, "workload": workload_id, "solution": solution, "calls": len(calls),
         "kernels": [(name, len(v) / n, sum(v) / len(v)) for name, v in per_name.items()],
-        "busy_us": sorted(busy)[len(busy) // 2] if busy else None,
-        "span_us": sorted(span)[len(span) // 2] if span else None,
+        "busy_us": busy[len(busy) // 2] if busy else None,
+        "span_us": span[len(span) // 2] if span else None,
         "sol_us": sol_us,
     }
 
