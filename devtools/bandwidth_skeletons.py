@@ -733,38 +733,19 @@ def _topk_split_pass(X, T, CX, CI, STAT, CNT, V, stride_row, c_sigma, S_PAD: tl.
     tl.store(CNT + row * S_PAD + sp, cnt)
 
 
-@triton.jit
-def _w4_f16_1024_plus(words, SH: tl.constexpr):
-    """Field at bits SH .. SH + 3 as the fp16 value 1024 + q (the w4a16 expert's ``_f16_1024_plus``)."""
-    return (((words >> SH) & 0xF) | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
+#: The w4a16 expert's own unpacking and store helpers (``_field_w16``, ``_pair_w16_asm``,
+#: ``_store_mma_field``), which ``_w4_fields`` calls under these names: bound by :func:`_bind_w4`
+#: before its first launch, so the skeleton's levels run the expert's code, not a copy of it.
+_w4_field = _w4_pair_asm = _w4_store_cols = None
 
 
-@triton.jit
-def _w4_field(words, zw, s_row, p_ok, SH: tl.constexpr, COL: tl.constexpr):
-    """The w4a16 expert's Triton-op unpacking of one field (its ``_field_w16``): fp16 (q - z) * s."""
-    s = tl.load(s_row + COL, mask=p_ok, other=0.0)
-    return (_w4_f16_1024_plus(words, SH) - _w4_f16_1024_plus(zw, SH)[None, :]) * s[None, :]
-
-
-@triton.jit
-def _w4_pair_asm(words, zw, s32_row, p_ok, J: tl.constexpr):
-    """The w4a16 expert's paired-fp16 inline-PTX unpacking of columns 2J and 2J + 1 (its
-    ``_pair_w16_asm``: one LOP3, one sub.f16x2, one mul.f16x2 per column pair). GPU only."""
-    zz = ((zw >> (4 * J)) & 0x000F000F) | 0x64006400
-    ss = tl.load(s32_row + J, mask=p_ok, other=0)
-    lo, hi = tl.inline_asm_elementwise(
-        asm="{.reg .b32 t; lop3.b32 t, $2, 0x000F000F, 0x64006400, 0xEA; sub.rn.f16x2 t, t, $3; "
-            "mul.rn.f16x2 t, t, $4; mov.b32 {$0, $1}, t;}",
-        constraints="=h,=h,r,r,r",
-        args=[words >> (4 * J), tl.broadcast_to(zz[None, :], words.shape), tl.broadcast_to(ss[None, :], words.shape)],
-        dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
-    return lo, hi
-
-
-@triton.jit
-def _w4_store_cols(y_ptr, N, acc, offs_m, offs_p, ok, COL: tl.constexpr):
-    ptrs = y_ptr + offs_m.to(tl.int64)[:, None] * N + (offs_p * 8 + COL)[None, :]
-    tl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=ok)
+def _bind_w4(expert) -> None:
+    """Bind the helper names ``_w4_fields`` calls to the w4a16 expert's Triton functions, once per
+    process: Triton refuses to run a kernel whose globals changed after it compiled, and every
+    loaded copy of the expert holds the same code."""
+    global _w4_field, _w4_pair_asm, _w4_store_cols
+    if _w4_field is None:
+        _w4_field, _w4_pair_asm, _w4_store_cols = expert._field_w16, expert._pair_w16_asm, expert._store_mma_field
 
 
 @triton.jit
@@ -1283,6 +1264,7 @@ def w4a16_skeleton(expert, args: list, sms: int, level: int = 0) -> tuple[str, C
     if p["kind"] != "fields":
         raise ValueError(f"the w4a16 skeleton follows the decode kernel; the expert's plan here is {p['kind']!r}")
     asm = bool(p.get("asm", expert._ASM)) and not _INTERPRET
+    _bind_w4(expert)
     s32 = scales.view(torch.int32)                         # adjacent column pairs as one word (same storage)
     y = torch.empty((M, N), dtype=torch.float16, device=x.device)
     grid = (triton.cdiv(N // 8, p["BP"]), p["S"], triton.cdiv(M, p["BM"]))
