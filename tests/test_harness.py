@@ -165,11 +165,10 @@ def test_restarted_workers_are_booked_as_start_up(muon):
     """A worker killed after a failed workload is started again before the next one, and that
     start-up is booked as worker_start."""
     wls = [muon.spec.workload(w) for w in ("smoke_wide_2x32x96", "smoke_tall_1x64x48")]
-    ev = evaluate(muon, SOLUTIONS / "muon" / "crash.py", wls, "cpu", None,
-                  options=Options(time_solutions=False, integrity=False, keep_going=True))
+    slow = SOLUTIONS / "muon" / "slow_import_crash.py"  # each start waits for its 0.6 s import
+    ev = evaluate(muon, slow, wls, "cpu", None, options=Options(time_solutions=False, integrity=False, keep_going=True))
     assert [r.status for r in ev.candidate.results] == [Status.RUNTIME_ERROR] * 2
-    one = evaluate(muon, SOLUTIONS / "muon" / "crash.py", wls[:1], "cpu", None,
-                   options=Options(time_solutions=False, integrity=False))
+    one = evaluate(muon, slow, wls[:1], "cpu", None, options=Options(time_solutions=False, integrity=False))
     assert ev.phases_s["worker_start"] > one.phases_s["worker_start"] + 0.5  # the second start is start-up
     assert ev.phases_s["worker_calls"] < ev.phases_s["worker_start"]
 

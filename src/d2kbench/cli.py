@@ -35,8 +35,11 @@ def _terminate_like_ctrl_c(signum: int, _frame) -> None:
     and a running evaluation is recorded ``interrupted`` in the store. The process still ends by
     SIGTERM (exit status -15, which campaign executors read as killed from outside), and a second
     SIGTERM during the clean-up ends it at once."""
+    from d2kbench.harness import forkserver
+
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     atexit.register(os.kill, os.getpid(), signal.SIGTERM)
+    atexit.register(forkserver.shutdown)  # runs before the kill (last in, first out)
     raise KeyboardInterrupt(f"signal {signum}")
 
 

@@ -8,6 +8,8 @@ namespace under bubblewrap that sees the Python runtime, the task's public files
 copy of exactly the solution code the static review read, and can write only its private
 folder and its compile cache. It dies with the process that started it. The parent is
 non-dumpable, so nothing can read its memory (the expected values) through ``/proc``.
+On the CPU the worker is forked into that sandbox by :mod:`d2kbench.harness.forkserver`
+(torch and Triton imported once per parent instead of once per worker).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import multiprocessing
 import multiprocessing.util
 import os
 import secrets
+import select
 import shutil
 import signal
 import subprocess
@@ -26,6 +29,7 @@ import time
 from pathlib import Path
 
 from d2kbench.checking.verdict import WorkerFailure
+from d2kbench.harness import forkserver
 from d2kbench.integrity.static import solution_files
 from d2kbench.phases import phase
 from d2kbench.sandbox import bwrap, channel
@@ -75,6 +79,15 @@ def stage_code(solution_path: Path, dest: Path) -> Path:
     return dest / src.name
 
 
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        print(message, file=sys.stderr)
+
+
 #: Answer kinds a request may legitimately get back, per op.
 _EXPECTED = {"call": "outputs", "time": "timing", "exit": "bye"}
 
@@ -96,6 +109,9 @@ class WorkerHandle:
         self.sandbox = ""  # how the worker was isolated (SandboxStatus.describe())
         self.process_filter = ""  # "seccomp" when the worker cannot start processes (untrusted, CPU)
         self.startup_s: dict[str, float] = {}  # the worker's start-up breakdown (seconds, diagnostics)
+        self.worker_pid: int | None = None  # a forked worker's host PID (self.proc is then its sandbox)
+        self._exit_r: int | None = None  # a forked worker's wait status arrives here (forkserver)
+        self._exit_status: int | None = None
 
     def start(self) -> None:
         """Spawn the worker and wait until it imported the solution.
@@ -130,21 +146,92 @@ class WorkerHandle:
                                    workdir=self.workdir, cache_dir=cache, device=self.device, parent_tmp=parent_tmp)
             if trusted:  # the task's own reference and alternatives may build on other tasks' code
                 policy.hide = []
-            cmd, env = bwrap.command(st.binary, policy, argv), bwrap.launcher_env(st.binary)
+            env = bwrap.launcher_env(st.binary)
+            for attempt in range(2 if forkserver.wanted(self.device, True) else 0):
+                try:
+                    self._spawn_forked(st.binary, policy, env, fd)
+                    break
+                except forkserver.ForkServerUnavailable as e:  # once more with a fresh sandbox (and server)
+                    self.kill_sandbox()
+                    if attempt == 1:
+                        _warn_once(f"d2k: WARNING: the worker fork server is unavailable ({e}); "
+                                   "workers start the plain way (slower)")
+            cmd = bwrap.command(st.binary, policy, argv)
         else:
             cmd = argv
             env = sandbox_env(str(self.workdir), {"TRITON_CACHE_DIR": str(cache / "triton"),
                                                   "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")})
-        # without a sandbox, at least no capabilities (d2k run as root would hand the worker CAP_SYS_PTRACE)
-        preexec = new_group_dying_with_parent if st.active or trusted else unprivileged_child
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(cmd, pass_fds=[fd], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                         env=env, cwd=self.workdir, preexec_fn=preexec)
+        if self.proc is None:
+            # without a sandbox, at least no capabilities (d2k run as root would hand the worker CAP_SYS_PTRACE)
+            preexec = new_group_dying_with_parent if st.active or trusted else unprivileged_child
+            with open(self.log_path, "ab") as log:
+                self.proc = subprocess.Popen(cmd, pass_fds=[fd], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                             env=env, cwd=self.workdir, preexec_fn=preexec)
         theirs.close()
         self.conn = mine
         self.conn.send({"authkey": bytes(multiprocessing.current_process().authkey), "task_root": str(self.task_root),
                         "solution_path": str(code), "device": self.device,
                         "options": {**self.options, "spawned_at": time.time(), "sandbox": self.sandbox}})
+
+    def _spawn_forked(self, binary: str, policy: bwrap.Policy, launcher_env: dict[str, str], fd: int) -> None:
+        """Start the worker's sandbox with a placeholder in it, then have the fork server fork
+        the worker into it (:mod:`d2kbench.harness.forkserver`); the worker gets ``fd`` (its
+        pipe), its log, ``policy.env`` and ``policy.chdir``.
+
+        Raises:
+            forkserver.ForkServerUnavailable: the sandbox did not come up, or the server could not
+                start the worker in it (the caller starts it the plain way).
+        """
+        assert self.log_path is not None
+        cmd = bwrap.command(binary, policy, [sys.executable, "-I", "-S", "-c", forkserver.PLACEHOLDER])
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
+                                         env=launcher_env, cwd=self.workdir, preexec_fn=new_group_dying_with_parent)
+        assert self.proc.stdout is not None
+        up, _, _ = select.select([self.proc.stdout], [], [], max(self.timeout_s, 30.0))
+        if not up or self.proc.stdout.read(1) != b"u":
+            raise forkserver.ForkServerUnavailable(f"the sandbox's placeholder did not come up; log: {self.log_tail()}")
+        inside = descendants(self.proc.pid)  # bubblewrap's init, then the placeholder
+        if not inside:
+            raise forkserver.ForkServerUnavailable("no process inside the sandbox")
+        exit_r, exit_w = os.pipe()
+        try:
+            with open(self.log_path, "ab") as log:
+                self.worker_pid = forkserver.server().spawn(inside[-1][0], fd, log.fileno(), exit_w, policy.env,
+                                                            policy.chdir)
+        except BaseException:
+            os.close(exit_r)
+            raise
+        finally:
+            os.close(exit_w)
+        self._exit_r = exit_r
+
+    def kill_sandbox(self) -> None:
+        """Kill the sandbox (its bubblewrap process: the PID namespace and every process in it,
+        a forked worker included) without touching the pipe."""
+        if self.worker_pid is not None and self._exitcode(0) is None:  # not reaped yet: the PID is still its own
+            try:
+                os.kill(self.worker_pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    self.proc.kill()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+        self.proc = None
+        self.worker_pid = None
+        if self._exit_r is not None:
+            os.close(self._exit_r)
+            self._exit_r = None
+        self._exit_status = None
 
     def wait_ready(self, timeout_s: float | None = None) -> None:
         """Wait for the spawned worker's ``ready`` (it imported the solution), at most
@@ -239,6 +326,20 @@ class WorkerHandle:
         return reply
 
     def _exitcode(self, wait_s: float) -> int | None:
+        """How the worker ended (``Popen.returncode`` convention: negative for a signal), waiting
+        at most ``wait_s``; None while it runs. A forked worker's status comes from the fork
+        server's child that waits for it; otherwise it is the sandbox's (bubblewrap's) own."""
+        if self._exit_r is not None or self._exit_status is not None:
+            if self._exit_status is None:
+                ready, _, _ = select.select([self._exit_r], [], [], wait_s)
+                if not ready:
+                    return None
+                data = os.read(self._exit_r, 64)
+                try:
+                    self._exit_status = os.waitstatus_to_exitcode(int(data))
+                except ValueError:  # the waiting child itself was killed: the worker's sandbox is gone
+                    self._exit_status = -signal.SIGKILL
+            return self._exit_status
         if self.proc is None:
             return None
         try:
@@ -280,21 +381,28 @@ class WorkerHandle:
         return "\n".join(lines)[-n:].strip()
 
     def sandbox_pids(self) -> list[int]:
-        """Host PIDs of the worker's processes (bubblewrap, its init, the worker, its children)."""
-        if self.proc is None or self.proc.poll() is not None:
+        """Host PIDs of the worker's processes (bubblewrap, its init, the worker, its children;
+        a forked worker and its children besides)."""
+        if not self.alive():
             return []
-        return [self.proc.pid] + [pid for pid, _ppid, _start in descendants(self.proc.pid)]
+        pids = [self.proc.pid] + [pid for pid, _ppid, _start in descendants(self.proc.pid)]
+        if self.worker_pid is not None:
+            pids += [self.worker_pid] + [pid for pid, _ppid, _start in descendants(self.worker_pid)]
+        return pids
 
     def stray_processes(self) -> list[tuple[int, str]]:
         """Processes in the worker's sandbox other than the worker (``(pid, command line)``,
         host PIDs), killed on sight: a solution's child that outlived the call. Seen from this
         (trusted) process through ``/proc``; the sandbox's first process (bubblewrap's init, to
-        which orphans are re-parented) and the worker itself are the oldest descendants."""
-        if self.proc is None or self.proc.poll() is not None:
+        which orphans are re-parented) and the worker itself are the oldest descendants. A
+        forked worker's parent is outside the sandbox: the sandbox's second process is the
+        placeholder, and the worker's own children are counted from the worker."""
+        if not self.alive():
             return []
         tree = descendants(self.proc.pid)
-        keep = 2 if self.sandbox.startswith("bwrap") else 0  # bwrap's init, then the worker
-        strays = [(pid, command_line(pid)) for pid, _ppid, _start in tree[keep:]]
+        keep = 2 if self.sandbox.startswith("bwrap") else 0  # bwrap's init, then the worker (or the placeholder)
+        found = tree[keep:] + (descendants(self.worker_pid) if self.worker_pid is not None else [])
+        strays = [(pid, command_line(pid)) for pid, _ppid, _start in found]
         for pid, _cmd in strays:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -303,21 +411,16 @@ class WorkerHandle:
         return strays
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        if self.proc is None or self.proc.poll() is not None:
+            return False
+        return self._exit_r is None or self._exitcode(0) is None
 
     def kill(self) -> None:
         """End the worker and every process it started (its sandbox's PID namespace, or its
         process group where there is no sandbox)."""
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    self.proc.kill()
-            self._exitcode(10)
+        self.kill_sandbox()
         if self.conn is not None:
             self.conn.close()
-        self.proc = None
         self.conn = None
 
     def close(self) -> None:

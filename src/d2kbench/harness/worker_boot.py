@@ -30,8 +30,11 @@ def process_filter_wanted(device: str, options: dict) -> bool:
     return device == "cpu" and not options.get("trusted") and options.get("integrity", True) is not False
 
 
-def main(argv: list[str]) -> None:
-    conn = Connection(int(argv[1]))
+def serve(fd: int) -> None:
+    """Read the first message from the pipe at descriptor ``fd``, forbid new processes where
+    :func:`process_filter_wanted`, and serve the parent's requests until it says ``exit``
+    (also the entry of a worker forked by :mod:`d2kbench.harness.forkserver`)."""
+    conn = Connection(fd)
     init = conn.recv()
     if process_filter_wanted(init["device"], init["options"]):
         from d2kbench.sandbox.seccomp import forbid_new_processes
@@ -46,6 +49,10 @@ def main(argv: list[str]) -> None:
     from d2kbench.harness.worker import worker_main
 
     worker_main(conn, init["task_root"], init["solution_path"], init["device"], init["options"])
+
+
+def main(argv: list[str]) -> None:
+    serve(int(argv[1]))
 
 
 if __name__ == "__main__":

@@ -65,6 +65,12 @@ def unprivileged_child() -> None:  # pragma: no cover - runs in the child before
     capabilities during execve()"). Without ``CAP_SYS_PTRACE`` it cannot read the non-dumpable
     parent's memory; without ``CAP_DAC_OVERRIDE`` it cannot write files it does not own."""
     new_group_dying_with_parent()
+    drop_capabilities_at_exec()
+
+
+def drop_capabilities_at_exec() -> None:  # pragma: no cover - runs in the child before exec
+    """``preexec_fn`` part: clear the ambient set and drop every capability from the bounding
+    set, so that the program ``exec`` starts holds none, also as root."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
