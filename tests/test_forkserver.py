@@ -133,3 +133,22 @@ def test_confinement_problems_name_what_is_left():
             "drop_capabilities()\nprint(confinement_problems())\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and p.stdout.strip() == "[]", p.stdout + p.stderr
+
+
+def test_a_failing_fork_server_falls_back_to_the_plain_start_loudly(muon, tmp_path, monkeypatch, capsys):
+    from d2kbench.harness import process
+
+    def refuse(*_a, **_k):
+        raise forkserver.ForkServerUnavailable("cannot enter the sandbox: refused on purpose")
+
+    monkeypatch.setattr(process, "_fork_failed", [])
+    monkeypatch.setattr(process, "_warned", set())
+    monkeypatch.setattr(forkserver.ForkServer, "spawn", refuse)
+    report, h = _probe(muon, tmp_path)
+    try:
+        assert h.worker_pid is None and int(report["status"]["CapEff"], 16) == 0
+        assert report["status"]["Seccomp"] == "2" and report["ppid"] != 0  # bubblewrap's init started it
+    finally:
+        h.close()
+    assert "fork server is unavailable (cannot enter the sandbox: refused on purpose)" in capsys.readouterr().err
+    assert process._fork_failed  # the next worker does not try again

@@ -80,6 +80,7 @@ def stage_code(solution_path: Path, dest: Path) -> Path:
 
 
 _warned: set[str] = set()
+_fork_failed: list[str] = []  # why the fork server failed twice in this process (then: no more tries)
 
 
 def _warn_once(message: str) -> None:
@@ -147,13 +148,14 @@ class WorkerHandle:
             if trusted:  # the task's own reference and alternatives may build on other tasks' code
                 policy.hide = []
             env = bwrap.launcher_env(st.binary)
-            for attempt in range(2 if forkserver.wanted(self.device, True) else 0):
+            for attempt in range(2 if forkserver.wanted(self.device, True) and not _fork_failed else 0):
                 try:
                     self._spawn_forked(st.binary, policy, env, fd)
                     break
                 except forkserver.ForkServerUnavailable as e:  # once more with a fresh sandbox (and server)
                     self.kill_sandbox()
-                    if attempt == 1:
+                    if attempt == 1:  # twice: this process starts its workers the plain way from now on
+                        _fork_failed.append(str(e))
                         _warn_once(f"d2k: WARNING: the worker fork server is unavailable ({e}); "
                                    "workers start the plain way (slower)")
             cmd = bwrap.command(st.binary, policy, argv)
