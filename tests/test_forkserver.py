@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,79 @@ def test_confinement_problems_name_what_is_left():
             "drop_capabilities()\nprint(confinement_problems())\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and p.stdout.strip() == "[]", p.stdout + p.stderr
+
+
+def _worker_handle(muon, folder: Path, name: str, source: str, integrity: bool) -> WorkerHandle:
+    folder.mkdir(parents=True, exist_ok=True)
+    sol = folder / name
+    sol.write_text(textwrap.dedent(source))
+    return WorkerHandle(muon.root, sol, "cpu", 120, {"integrity": integrity})
+
+
+def test_a_forked_worker_cannot_signal_the_fork_servers_process_group(muon, tmp_path):
+    """kill(0, sig) reaches the caller's process group, whatever PID namespace its members are in
+    (kill(2), signal.c ``__kill_pgrp_info``). A worker started by exec is in a session of its
+    own inside the sandbox (bubblewrap's ``--new-session``); a forked worker must be too, not
+    in the fork server's, which holds the server, its children outside every sandbox and every
+    other forked worker (another solution's, the reference's): the OS sandbox alone (integrity
+    off) must keep them out of reach."""
+    import torch
+
+    victim = _worker_handle(muon, tmp_path / "victim", "victim.py", "def run(G, steps=5):\n    return G\n", False)
+    attacker = _worker_handle(muon, tmp_path / "attacker", "attacker.py", """
+        import os, signal
+
+        def run(G, steps=5):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the attacker survives its own signal
+            os.kill(0, signal.SIGTERM)  # pid 0: every process of this process's group
+            return G
+        """, False)
+    try:
+        victim.start()
+        attacker.start()
+        assert victim.worker_pid is not None and attacker.worker_pid is not None, "the workers were not forked"
+        server = forkserver.server().proc
+        assert server is not None
+        attacker.request({"op": "call", "args": [torch.zeros(2, 2)]})
+        time.sleep(0.5)
+        assert server.poll() is None, "a solution's worker killed the fork server"
+        assert attacker.alive(), "the worker's outside child (its exit-status reporter) was killed: the parent " \
+                                 "now believes a live worker dead and skips its after-call checks"
+        assert victim.alive(), "a solution's worker killed another solution's worker"
+        victim.request({"op": "call", "args": [torch.zeros(2, 2)]})
+    finally:
+        attacker.close()
+        victim.close()
+        forkserver.shutdown()  # a fresh server for the tests that follow, whatever happened to this one
+
+
+def test_a_forked_worker_cannot_renice_the_fork_server_or_other_workers(muon, tmp_path):
+    """setpriority(PRIO_PGRP, 0, ...) (no audit event, no capability needed to lower a priority)
+    renices every process of the caller's process group across PID namespaces: a forked worker in
+    the fork server's group would slow down the server (and so every worker it forks later) and
+    every concurrent forked worker, e.g. the baseline it is timed against. With integrity on."""
+    import os
+
+    victim = _worker_handle(muon, tmp_path / "victim", "victim.py", "def run(G, steps=5):\n    return G\n", True)
+    attacker = _worker_handle(muon, tmp_path / "attacker", "attacker.py", """
+        import os
+
+        os.setpriority(os.PRIO_PGRP, 0, 19)
+
+        def run(G, steps=5):
+            return G
+        """, True)
+    try:
+        victim.start()
+        attacker.start()
+        assert victim.worker_pid is not None and attacker.worker_pid is not None, "the workers were not forked"
+        server = forkserver.server().proc
+        assert server is not None
+        before = os.getpriority(os.PRIO_PROCESS, os.getpid())
+        assert os.getpriority(os.PRIO_PROCESS, server.pid) == before, "a solution's worker reniced the fork server"
+        assert os.getpriority(os.PRIO_PROCESS, victim.worker_pid) == before, \
+            "a solution's worker reniced another solution's worker"
+    finally:
+        attacker.close()
+        victim.close()
+        forkserver.shutdown()  # do not leave a reniced server to the tests that follow
