@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,12 @@ PROBE = textwrap.dedent("""
               "home": os.environ.get("HOME"), "env": sorted(os.environ), "tests_visible": os.path.exists(TESTS),
               "pids": sorted(
                   int(p) for p in os.listdir("/proc") if p.isdigit())}
+    try:
+        open("/proc/2/mem", "rb").close()  # the placeholder (bubblewrap's init is 1)
+        report["placeholder_mem"] = "opened"
+    except OSError as e:
+        report["placeholder_mem"] = type(e).__name__
+    report["session"] = [os.getsid(0), os.getpgid(0)]
     with open(os.path.join(os.environ["HOME"], "probe.json"), "w") as f:
         json.dump(report, f)
 
@@ -69,6 +76,7 @@ def test_a_forked_worker_is_confined_like_an_exec_started_one(muon, tmp_path):
         assert st["Seccomp"] == "2"  # the process filter of an untrusted CPU worker
         # the sandbox's PID namespace: its parent (the server's child) is outside, so not visible
         assert report["ppid"] == 0 and report["pid"] < 10
+        assert report["session"] == [report["pid"]] * 2  # its own session and group, not the server's
         assert report["pids"] == sorted(report["pids"]) and len(report["pids"]) <= 4  # init, placeholder, worker
         # the sandbox's root: the project checkout and the host's home are not there
         assert not report["tests_visible"]
@@ -84,6 +92,18 @@ def test_a_forked_worker_is_confined_like_an_exec_started_one(muon, tmp_path):
         assert not {"ANTHROPIC_API_KEY", "OPENAI_API_KEY", "D2K_STORE"} & set(report["env"])
         # the sandbox is the worker's: the parent sees it among the sandbox's processes
         assert h.worker_pid in h.sandbox_pids() and h.stray_processes() == []
+    finally:
+        h.close()
+
+
+def test_the_placeholder_is_out_of_a_workers_reach(muon, tmp_path):
+    """The sandbox's placeholder (a process without the seccomp filter) is not dumpable: the
+    kernel itself refuses the worker its memory, also with the in-worker monitors off (with them
+    on, the audit hook refuses first)."""
+    report, h = _probe(muon, tmp_path, {"integrity": False})
+    try:
+        assert h.worker_pid is not None
+        assert report["placeholder_mem"] == "PermissionError"
     finally:
         h.close()
 
@@ -152,3 +172,79 @@ def test_a_failing_fork_server_falls_back_to_the_plain_start_loudly(muon, tmp_pa
         h.close()
     assert "fork server is unavailable (cannot enter the sandbox: refused on purpose)" in capsys.readouterr().err
     assert process._fork_failed  # the next worker does not try again
+
+
+def _worker_handle(muon, folder: Path, name: str, source: str, integrity: bool) -> WorkerHandle:
+    folder.mkdir(parents=True, exist_ok=True)
+    sol = folder / name
+    sol.write_text(textwrap.dedent(source))
+    return WorkerHandle(muon.root, sol, "cpu", 120, {"integrity": integrity})
+
+
+def test_a_forked_worker_cannot_signal_the_fork_servers_process_group(muon, tmp_path):
+    """kill(0, sig) reaches the caller's process group, whatever PID namespace its members are in
+    (kill(2), signal.c ``__kill_pgrp_info``). A worker started by exec is in a session of its
+    own inside the sandbox (bubblewrap's ``--new-session``); a forked worker must be too, not
+    in the fork server's, which holds the server, its children outside every sandbox and every
+    other forked worker (another solution's, the reference's): the OS sandbox alone (integrity
+    off) must keep them out of reach."""
+    import torch
+
+    victim = _worker_handle(muon, tmp_path / "victim", "victim.py", "def run(G, steps=5):\n    return G\n", False)
+    attacker = _worker_handle(muon, tmp_path / "attacker", "attacker.py", """
+        import os, signal
+
+        def run(G, steps=5):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the attacker survives its own signal
+            os.kill(0, signal.SIGTERM)  # pid 0: every process of this process's group
+            return G
+        """, False)
+    try:
+        victim.start()
+        attacker.start()
+        assert victim.worker_pid is not None and attacker.worker_pid is not None, "the workers were not forked"
+        server = forkserver.server().proc
+        assert server is not None
+        attacker.request({"op": "call", "args": [torch.zeros(2, 2)]})
+        time.sleep(0.5)
+        assert server.poll() is None, "a solution's worker killed the fork server"
+        assert attacker.alive(), "the worker's outside child (its exit-status reporter) was killed: the parent " \
+                                 "now believes a live worker dead and skips its after-call checks"
+        assert victim.alive(), "a solution's worker killed another solution's worker"
+        victim.request({"op": "call", "args": [torch.zeros(2, 2)]})
+    finally:
+        attacker.close()
+        victim.close()
+        forkserver.shutdown()  # a fresh server for the tests that follow, whatever happened to this one
+
+
+def test_a_forked_worker_cannot_renice_the_fork_server_or_other_workers(muon, tmp_path):
+    """setpriority(PRIO_PGRP, 0, ...) (no audit event, no capability needed to lower a priority)
+    renices every process of the caller's process group across PID namespaces: a forked worker in
+    the fork server's group would slow down the server (and so every worker it forks later) and
+    every concurrent forked worker, e.g. the baseline it is timed against. With integrity on."""
+    import os
+
+    victim = _worker_handle(muon, tmp_path / "victim", "victim.py", "def run(G, steps=5):\n    return G\n", True)
+    attacker = _worker_handle(muon, tmp_path / "attacker", "attacker.py", """
+        import os
+
+        os.setpriority(os.PRIO_PGRP, 0, 19)
+
+        def run(G, steps=5):
+            return G
+        """, True)
+    try:
+        victim.start()
+        attacker.start()
+        assert victim.worker_pid is not None and attacker.worker_pid is not None, "the workers were not forked"
+        server = forkserver.server().proc
+        assert server is not None
+        before = os.getpriority(os.PRIO_PROCESS, os.getpid())
+        assert os.getpriority(os.PRIO_PROCESS, server.pid) == before, "a solution's worker reniced the fork server"
+        assert os.getpriority(os.PRIO_PROCESS, victim.worker_pid) == before, \
+            "a solution's worker reniced another solution's worker"
+    finally:
+        attacker.close()
+        victim.close()
+        forkserver.shutdown()  # do not leave a reniced server to the tests that follow

@@ -6,14 +6,15 @@ A worker started the plain way (``bwrap ... python -m d2kbench.harness.worker_bo
 worker's ``ready`` answer), and the test suite starts about 250 of them. With the fork server:
 
 1. the parent (:class:`d2kbench.harness.process.WorkerHandle`) still builds the worker's
-   bubblewrap sandbox from its policy, exactly as before, but runs a placeholder in it (a bare
-   interpreter that says it is up and waits) instead of the worker;
+   bubblewrap sandbox from its policy, exactly as before, but runs a placeholder in it (a bare,
+   non-dumpable interpreter that says it is up and waits) instead of the worker;
 2. it asks this server (one per parent process, started on first use with the sandbox's
    cleared environment; it imported torch, Triton and the worker's modules once) to fork;
-3. the forked child closes every descriptor but the worker's pipe and log, enters the
-   placeholder's sandbox (:func:`d2kbench.sandbox.nsenter.enter`: its namespaces and root,
-   every capability dropped), and forks the worker, which lands in the sandbox's PID namespace;
-   the worker checks from ``/proc/self/status`` that it holds no capability, takes the
+3. the forked child leaves the server's session, closes every descriptor but the worker's pipe
+   and log, enters the placeholder's sandbox (:func:`d2kbench.sandbox.nsenter.enter`: its
+   namespaces and root, every capability dropped), and forks the worker, which lands in the
+   sandbox's PID namespace; the worker starts a session of its own there (group-wide signals and
+   priorities reach nobody else), checks that it holds no capability, takes the
    worker's environment and working directory and serves the parent's pipe as a plain worker
    does (:func:`d2kbench.harness.worker_boot.serve`: the seccomp filter, then the solution);
 4. the child outside waits for the worker and writes its wait status to a pipe of the parent,
@@ -45,7 +46,8 @@ import threading
 #: Values of ``D2K_WORKER_START``: ``auto`` (fork on the CPU where there is a sandbox) or ``exec``.
 MODES = ("auto", "exec")
 #: The sandbox's placeholder: says it is up (one byte on stdout), then waits to be killed.
-PLACEHOLDER = "import os, signal; os.write(1, b'u'); signal.pause()"
+PLACEHOLDER = ("import ctypes, os, signal; ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); "  # PR_SET_DUMPABLE 0: no
+               "os.write(1, b'u'); signal.pause()")  # /proc/<pid>/mem for the worker, which has no CAP_SYS_PTRACE
 _MAX_MESSAGE = 1 << 20
 
 # Imports inside functions: the parent's side loads nothing heavy (the server's process imports torch,
@@ -94,7 +96,10 @@ def _worker(sock_fd: int, log_fd: int, status_w: int, env: dict, cwd: str) -> No
     """The forked worker, inside the sandbox's namespaces: check, settle, serve; never returns."""
     from d2kbench.sandbox.nsenter import confinement_problems
 
+    os.setsid()  # a session and process group of its own inside the sandbox, as bubblewrap's --new-session
     problems = confinement_problems()
+    if os.getsid(0) != os.getpid() or os.getpgid(0) != os.getpid():
+        problems.append("not the leader of its own session and process group")
     if problems:
         os.write(status_w, ("err the worker is still privileged: " + "; ".join(problems)).encode()[:4000])
         os._exit(1)
@@ -141,6 +146,7 @@ def _child(request: dict, fds: list[int], report_w: int) -> None:  # pragma: no 
     from d2kbench.sandbox.nsenter import EnterFailed, enter
 
     sock_fd, log_fd, exit_w = fds
+    os.setsid()  # out of the server's process group: group-wide signals and priorities of a worker stop here
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     keep = {sock_fd, log_fd, exit_w, report_w}
     for fd in _open_fds():
