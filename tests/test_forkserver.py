@@ -181,6 +181,25 @@ def _worker_handle(muon, folder: Path, name: str, source: str, integrity: bool) 
     return WorkerHandle(muon.root, sol, "cpu", 120, {"integrity": integrity})
 
 
+def _victim_and_attacker(muon, tmp_path: Path, attacker_source: str, integrity: bool):
+    """An honest worker, then an attacker's, both forked from this process's fork server (started);
+    returns ``(victim, attacker, the server's process)``. The caller closes both."""
+    victim = _worker_handle(muon, tmp_path / "victim", "victim.py", "def run(G, steps=5):\n    return G\n", integrity)
+    attacker = _worker_handle(muon, tmp_path / "attacker", "attacker.py", attacker_source, integrity)
+    try:
+        victim.start()
+        attacker.start()
+        assert victim.worker_pid is not None and attacker.worker_pid is not None, "the workers were not forked"
+        server = forkserver.server().proc
+        assert server is not None
+    except BaseException:
+        attacker.close()
+        victim.close()
+        forkserver.shutdown()
+        raise
+    return victim, attacker, server
+
+
 def test_a_forked_worker_cannot_signal_the_fork_servers_process_group(muon, tmp_path):
     """kill(0, sig) reaches the caller's process group, whatever PID namespace its members are in
     (kill(2), signal.c ``__kill_pgrp_info``). A worker started by exec is in a session of its
@@ -190,8 +209,7 @@ def test_a_forked_worker_cannot_signal_the_fork_servers_process_group(muon, tmp_
     off) must keep them out of reach."""
     import torch
 
-    victim = _worker_handle(muon, tmp_path / "victim", "victim.py", "def run(G, steps=5):\n    return G\n", False)
-    attacker = _worker_handle(muon, tmp_path / "attacker", "attacker.py", """
+    victim, attacker, server = _victim_and_attacker(muon, tmp_path, """
         import os, signal
 
         def run(G, steps=5):
@@ -200,11 +218,6 @@ def test_a_forked_worker_cannot_signal_the_fork_servers_process_group(muon, tmp_
             return G
         """, False)
     try:
-        victim.start()
-        attacker.start()
-        assert victim.worker_pid is not None and attacker.worker_pid is not None, "the workers were not forked"
-        server = forkserver.server().proc
-        assert server is not None
         attacker.request({"op": "call", "args": [torch.zeros(2, 2)]})
         time.sleep(0.5)
         assert server.poll() is None, "a solution's worker killed the fork server"
@@ -225,8 +238,7 @@ def test_a_forked_worker_cannot_renice_the_fork_server_or_other_workers(muon, tm
     every concurrent forked worker, e.g. the baseline it is timed against. With integrity on."""
     import os
 
-    victim = _worker_handle(muon, tmp_path / "victim", "victim.py", "def run(G, steps=5):\n    return G\n", True)
-    attacker = _worker_handle(muon, tmp_path / "attacker", "attacker.py", """
+    victim, attacker, server = _victim_and_attacker(muon, tmp_path, """
         import os
 
         os.setpriority(os.PRIO_PGRP, 0, 19)
@@ -235,11 +247,6 @@ def test_a_forked_worker_cannot_renice_the_fork_server_or_other_workers(muon, tm
             return G
         """, True)
     try:
-        victim.start()
-        attacker.start()
-        assert victim.worker_pid is not None and attacker.worker_pid is not None, "the workers were not forked"
-        server = forkserver.server().proc
-        assert server is not None
         before = os.getpriority(os.PRIO_PROCESS, os.getpid())
         assert os.getpriority(os.PRIO_PROCESS, server.pid) == before, "a solution's worker reniced the fork server"
         assert os.getpriority(os.PRIO_PROCESS, victim.worker_pid) == before, \

@@ -64,10 +64,9 @@ def mode() -> str:
     Raises:
         ValueError: an unknown value.
     """
-    value = os.environ.get("D2K_WORKER_START", "auto").strip().lower() or "auto"
-    if value not in MODES:
-        raise ValueError(f"D2K_WORKER_START={value!r}: expected one of {', '.join(MODES)}")
-    return value
+    from d2kbench.sandbox.bwrap import env_mode
+
+    return env_mode("D2K_WORKER_START", MODES)
 
 
 def wanted(device: str, sandboxed: bool) -> bool:

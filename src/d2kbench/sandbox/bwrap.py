@@ -60,16 +60,25 @@ class SandboxStatus:
         return f"none ({self.reason})"
 
 
+def env_mode(name: str, modes: tuple[str, ...]) -> str:
+    """The value of the environment switch ``name`` (lower-cased; ``modes[0]`` when unset or empty).
+
+    Raises:
+        ValueError: a value not in ``modes``.
+    """
+    value = os.environ.get(name, modes[0]).strip().lower() or modes[0]
+    if value not in modes:
+        raise ValueError(f"{name}={value!r}: expected one of {', '.join(modes)}")
+    return value
+
+
 def mode() -> str:
     """``D2K_SANDBOX`` (``auto`` when unset).
 
     Raises:
         ValueError: an unknown value.
     """
-    value = os.environ.get("D2K_SANDBOX", "auto").strip().lower() or "auto"
-    if value not in MODES:
-        raise ValueError(f"D2K_SANDBOX={value!r}: expected one of {', '.join(MODES)}")
-    return value
+    return env_mode("D2K_SANDBOX", MODES)
 
 
 def find_binary() -> str | None:
