@@ -1,7 +1,10 @@
 """Measure what the OS sandbox adds to a solution worker's start-up: the parent's wall time from
 spawning a worker to its ``ready`` (Python and torch imported, CUDA initialised, the task and
 the solution imported), with bubblewrap and with ``D2K_SANDBOX=off``, alternating, best and
-median of ``--n`` starts each.
+median of ``--n`` starts each. On the CPU also bubblewrap with ``D2K_WORKER_START=exec``: a
+sandboxed worker started as a fresh interpreter instead of forked by the fork server
+(``d2kbench.harness.forkserver``); the first sandboxed start, which also starts the server, is
+reported on its own.
 
     PYTHONPATH=src python devtools/sandbox_startup.py --device cuda --n 5 --out results/h200/sandbox
 
@@ -18,12 +21,17 @@ import statistics
 import time
 from pathlib import Path
 
+#: The configurations: (name, D2K_SANDBOX, D2K_WORKER_START, label).
+CONFIGS = (("require", "require", "auto", None), ("require_exec", "require", "exec", "bwrap, D2K_WORKER_START=exec"),
+           ("off", "off", "auto", "none (D2K_SANDBOX=off)"))
 
-def one_start(task, solution: Path, device: str, mode: str) -> tuple[float, dict]:
+
+def one_start(task, solution: Path, device: str, mode: str, start: str = "auto") -> tuple[float, dict]:
     from d2kbench.harness.process import WorkerHandle
     from d2kbench.sandbox import bwrap
 
     os.environ["D2K_SANDBOX"] = mode
+    os.environ["D2K_WORKER_START"] = start
     bwrap._status_cached.cache_clear()
     h = WorkerHandle(task.root, solution, device, 300, {"trusted": True})
     t0 = time.perf_counter()
@@ -45,19 +53,22 @@ def main() -> None:
 
     task = load_task("muon_newton_schulz")
     sol = task.root / "reference.py"
-    walls: dict[str, list[float]] = {"require": [], "off": []}
+    configs = [c for c in CONFIGS if c[0] != "require_exec" or a.device == "cpu"]  # the GPU always execs
+    walls: dict[str, list[float]] = {c[0]: [] for c in configs}
     infos: dict[str, dict] = {}
     one_start(task, sol, a.device, "off")  # warm the file cache: the first start reads torch from disk
+    first_s, _ = one_start(task, sol, a.device, "require")  # on the CPU: also starts the fork server
     for _ in range(a.n):
-        for mode in ("require", "off"):
-            w, info = one_start(task, sol, a.device, mode)
-            walls[mode].append(w)
-            infos[mode] = info
+        for name, mode, start, _label in configs:
+            w, info = one_start(task, sol, a.device, mode, start)
+            walls[name].append(w)
+            infos[name] = info
     env = fingerprint(a.device)
     res = {"device": a.device, "n": a.n, "walls_s": walls, "last": infos,
            "median_s": {m: statistics.median(v) for m, v in walls.items()},
            "best_s": {m: min(v) for m, v in walls.items()},
            "extra_median_s": statistics.median(walls["require"]) - statistics.median(walls["off"]),
+           "first_require_s": first_s,
            "env": {k: env.get(k) for k in ("gpu", "driver", "torch", "triton", "time_utc", "host")}}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -67,10 +78,11 @@ def main() -> None:
           f"{e.get('gpu') or 'CPU'}, driver {e.get('driver')}, torch {e.get('torch')}, triton {e.get('triton')}, "
           f"{e.get('time_utc')}; {a.n} starts each, alternating; spawn to ready (s)", "",
           "| sandbox | best | median | all |", "|---|---|---|---|"]
-    for mode, label in (("require", infos["require"]["sandbox"]), ("off", "none (D2K_SANDBOX=off)")):
-        md.append(f"| {label} | {res['best_s'][mode]:.3f} | {res['median_s'][mode]:.3f} | "
-                  + ", ".join(f"{w:.3f}" for w in walls[mode]) + " |")
-    md += ["", f"Extra start-up of a sandboxed worker (median difference): {res['extra_median_s']:.3f} s"]
+    for name, _mode, _start, label in configs:
+        md.append(f"| {label or infos[name]['sandbox']} | {res['best_s'][name]:.3f} | {res['median_s'][name]:.3f} | "
+                  + ", ".join(f"{w:.3f}" for w in walls[name]) + " |")
+    md += ["", f"Extra start-up of a sandboxed worker (median difference): {res['extra_median_s']:.3f} s",
+           f"First sandboxed start of the process (on the CPU it also starts the fork server): {first_s:.3f} s"]
     (out / "sandbox_startup.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 

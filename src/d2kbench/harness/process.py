@@ -189,23 +189,23 @@ class WorkerHandle:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
                                          env=launcher_env, cwd=self.workdir, preexec_fn=new_group_dying_with_parent)
-        assert self.proc.stdout is not None
-        up, _, _ = select.select([self.proc.stdout], [], [], max(self.timeout_s, 30.0))
-        if not up or self.proc.stdout.read(1) != b"u":
-            raise forkserver.ForkServerUnavailable(f"the sandbox's placeholder did not come up; log: {self.log_tail()}")
-        inside = descendants(self.proc.pid)  # bubblewrap's init, then the placeholder
-        if not inside:
-            raise forkserver.ForkServerUnavailable("no process inside the sandbox")
-        exit_r, exit_w = os.pipe()
-        try:
-            with open(self.log_path, "ab") as log:
+            assert self.proc.stdout is not None
+            up, _, _ = select.select([self.proc.stdout], [], [], max(self.timeout_s, 30.0))
+            if not up or self.proc.stdout.read(1) != b"u":
+                raise forkserver.ForkServerUnavailable(f"the sandbox's placeholder did not come up; "
+                                                       f"log: {self.log_tail()}")
+            inside = descendants(self.proc.pid)  # bubblewrap's init, then the placeholder
+            if not inside:
+                raise forkserver.ForkServerUnavailable("no process inside the sandbox")
+            exit_r, exit_w = os.pipe()
+            try:
                 self.worker_pid = forkserver.server().spawn(inside[-1][0], fd, log.fileno(), exit_w, policy.env,
                                                             policy.chdir)
-        except BaseException:
-            os.close(exit_r)
-            raise
-        finally:
-            os.close(exit_w)
+            except BaseException:
+                os.close(exit_r)
+                raise
+            finally:
+                os.close(exit_w)
         self._exit_r = exit_r
 
     def kill_sandbox(self) -> None:
