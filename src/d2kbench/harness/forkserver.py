@@ -1,9 +1,10 @@
 """The worker fork server: sandboxed CPU workers started by ``fork`` from a process that has
 already imported torch and Triton, instead of a fresh interpreter each.
 
-A worker started the plain way (``bwrap ... python -m d2kbench.harness.worker_boot``) spends
-1.2-2.5 s importing torch and Triton on the 2-core CI machine (measured; ``startup_s`` of the
-worker's ``ready`` answer), and the test suite starts about 250 of them. With the fork server:
+A worker started the plain way (``bwrap ... python -m d2kbench.harness.worker_boot``) takes
+1.1 s from spawn to ``ready`` on an idle 2-core CI machine, most of it importing torch and Triton
+(``devtools/sandbox_startup.py``, ``results/cpu/sandbox/``; more on a loaded one), and the test
+suite starts about 250 of them; a forked one 0.07 s. With the fork server:
 
 1. the parent (:class:`d2kbench.harness.process.WorkerHandle`) still builds the worker's
    bubblewrap sandbox from its policy, exactly as before, but runs a placeholder in it (a bare,
